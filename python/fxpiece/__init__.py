@@ -6,33 +6,63 @@ BLAKE3 and keeps the shared cache index; see the README.
 
 from __future__ import annotations
 
+from fxpiece.api import CompiledModel, compile
+from fxpiece.backend import Backend, BackendStats, GraphStats, PieceStats
+from fxpiece.compiler_interface import CompileContext, CompileResult, CompilerInterface
+from fxpiece.config import CompileConfig
+from fxpiece.context import current_compile_range, current_model_tag, set_model_tag
+from fxpiece.counters import Counters, counters
 from fxpiece.errors import (
     CacheError,
     CacheWarning,
     ConfigError,
     CorruptIndexError,
     LockTimeoutError,
+    SizeOutOfRangeError,
 )
 from fxpiece.hashing import FileDigest, FilesReport, hash_factors, hash_files, hash_files_report
 from fxpiece.index import CacheIndex, IndexProblem, VerifyReport, verify_index, verify_index_file
+from fxpiece.passes import InductorPass
+from fxpiece.ranges import Range
+from fxpiece.split import SplitItem, split_graph
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Backend",
+    "BackendStats",
     "CacheError",
     "CacheIndex",
     "CacheWarning",
+    "CompileConfig",
+    "CompileContext",
+    "CompileResult",
+    "CompiledModel",
+    "CompilerInterface",
     "ConfigError",
     "CorruptIndexError",
+    "Counters",
     "FileDigest",
     "FilesReport",
+    "GraphStats",
     "IndexProblem",
+    "InductorPass",
     "LockTimeoutError",
+    "PieceStats",
+    "Range",
+    "SizeOutOfRangeError",
+    "SplitItem",
     "VerifyReport",
     "__version__",
+    "compile",
+    "counters",
+    "current_compile_range",
+    "current_model_tag",
     "hash_factors",
     "hash_files",
     "hash_files_report",
+    "set_model_tag",
+    "split_graph",
     "verify_index",
     "verify_index_file",
 ]

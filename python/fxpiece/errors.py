@@ -23,6 +23,7 @@ __all__ = [
     "ConfigError",
     "CorruptIndexError",
     "LockTimeoutError",
+    "SizeOutOfRangeError",
 ]
 
 
@@ -35,3 +36,7 @@ class ConfigError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class SizeOutOfRangeError(ValueError):
+    """Under ``strict``, a token count that no compiled range or size serves."""

@@ -11,13 +11,20 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from fxpiece import _native
 from fxpiece._native import CacheIndex, verify_index_file, write_atomic
 
-__all__ = ["CacheIndex", "IndexProblem", "VerifyReport", "verify_index", "verify_index_file",
-           "write_atomic"]
+__all__ = [
+    "CacheIndex",
+    "IndexProblem",
+    "VerifyReport",
+    "verify_index",
+    "verify_index_file",
+    "write_atomic",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +48,7 @@ class VerifyReport:
         return not self.problems
 
 
-def verify_index(path: str, *, repair: bool = False) -> VerifyReport:
+def verify_index(path: str | os.PathLike[str], *, repair: bool = False) -> VerifyReport:
     """Check every file of the index folder at ``path``.
 
     With ``repair=True`` bad files are moved aside to ``*.corrupt-<time>``

@@ -1,0 +1,264 @@
+"""Everything that touches torch internals whose names move between releases.
+
+Tested against torch 2.15 (the version CI installs); the supported range is
+declared in ``pyproject.toml``. Other modules import torch internals only
+through here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+__all__ = [
+    "CustomGraphPassBase",
+    "compile_standalone",
+    "cpp_compiler",
+    "cpu_vec_isa",
+    "detect_fake_mode",
+    "force_disable_caches",
+    "graph_partition_supported",
+    "inductor_cache_dir",
+    "inductor_config_patch",
+    "inductor_config_portable",
+    "load_standalone",
+    "standalone_bytes",
+    "traced_files",
+]
+
+try:
+    from torch._inductor.custom_graph_pass import CustomGraphPass as CustomGraphPassBase
+except ImportError:  # pragma: no cover - older torch
+    CustomGraphPassBase = object  # type: ignore[assignment,misc]
+
+
+def inductor_config_portable() -> dict[str, Any]:
+    """Inductor's config as a plain dict (only portable, serialisable keys)."""
+    cfg = torch._inductor.config
+    save = getattr(cfg, "save_config_portable", None)
+    if save is not None:
+        return dict(save())
+    return dict(cfg.get_config_copy())  # pragma: no cover
+
+
+def force_disable_caches() -> bool:
+    """Inductor's (``torch.compiler.config``'s) switch that turns every cache off."""
+    return bool(getattr(torch._inductor.config, "force_disable_caches", False))
+
+
+def cpu_vec_isa() -> str:
+    """The vector ISA Inductor's C++ codegen targets on this CPU."""
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        return str(pick_vec_isa())
+    except Exception as e:  # pragma: no cover - depends on the toolchain
+        return f"unknown ({type(e).__name__})"
+
+
+def cpp_compiler() -> str:
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        return str(get_cpp_compiler())
+    except Exception:  # pragma: no cover
+        return os.environ.get("CXX", "c++")
+
+
+def traced_files() -> list[str]:
+    """Source files of every code object Dynamo traced for the graph being
+    compiled (call from inside a backend)."""
+    from torch._guards import TracingContext
+
+    get = getattr(TracingContext, "get_traced_code", None)
+    codes = get() if get is not None else None
+    if not codes:
+        return []
+    return sorted({c.co_filename for c in codes})
+
+
+def detect_fake_mode(inputs: Sequence[Any]) -> Any:
+    from torch._guards import detect_fake_mode as detect
+
+    return detect(list(inputs))
+
+
+@contextlib.contextmanager
+def inductor_cache_dir(path: str | None) -> Iterator[None]:
+    """Point Inductor's own cache (kernels, ISA checks) at ``path`` for the
+    block (``None``: leave it alone). Inductor reads the variable on every use."""
+    key = "TORCHINDUCTOR_CACHE_DIR"
+    if path is None:
+        yield
+        return
+    old = os.environ.get(key)
+    os.environ[key] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
+@contextlib.contextmanager
+def inductor_config_patch(options: Mapping[str, Any]) -> Iterator[None]:
+    with torch._inductor.config.patch(dict(options)):
+        yield
+
+
+def graph_partition_supported() -> bool:
+    cfg = torch._inductor.config
+    return hasattr(cfg, "graph_partition") and hasattr(cfg, "custom_should_partition_ops")
+
+
+def compile_standalone(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    dynamic: bool,
+    options: Mapping[str, Any],
+) -> Any:
+    """``torch._inductor.standalone_compile``: symbolic shapes from the
+    tracing context (``dynamic``) or the example inputs' concrete shapes."""
+    from torch._inductor import standalone_compile
+
+    return standalone_compile(
+        gm,
+        list(example_inputs),
+        dynamic_shapes="from_tracing_context" if dynamic else "from_example_inputs",
+        options=dict(options),
+    )
+
+
+def standalone_bytes(artifact: Any) -> bytes | None:
+    """The bytes ``CompiledArtifact.save(format="binary")`` would write, or
+    ``None`` if the artifact cannot be saved."""
+    is_saveable = getattr(artifact, "is_saveable", None)
+    if is_saveable is not None and not is_saveable():
+        return None
+    to_bytes = getattr(artifact, "_to_binary_bytes", None)
+    if to_bytes is not None:
+        return bytes(to_bytes())
+    # Older releases: save to a temp file and read it back.  # pragma: no cover
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "artifact.bin")
+        artifact.save(path=p, format="binary")
+        with open(p, "rb") as f:
+            return f.read()
+
+
+def load_standalone(path: str) -> Callable[..., Any]:
+    from torch._inductor import CompiledArtifact
+
+    return CompiledArtifact.load(path=path, format="binary")  # type: ignore[no-any-return]
+
+
+class _AlwaysHitShapeEnv:
+    """Stands in for the shape env when looking up Inductor's FX graph cache:
+    our own key already decided that this entry is the one to use."""
+
+    def __init__(self) -> None:
+        self.guards: list[Any] = []
+        self.var_to_hint_override: dict[Any, Any] = {}
+
+    def evaluate_guards_expression(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    def get_pruned_guards(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return []
+
+    def produce_guards_expression(self, *args: Any, **kwargs: Any) -> str:
+        return ""
+
+
+@contextlib.contextmanager
+def _static_tracing() -> Iterator[None]:
+    """A fresh tracing context whose fake mode specialises every shape."""
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))):
+        yield
+
+
+def compile_fx_cached(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    dynamic: bool,
+    options: Mapping[str, Any],
+) -> tuple[Callable[..., Any], str | None, str | None]:
+    """Compile with ``compile_fx`` through Inductor's FX graph cache.
+
+    Returns ``(fn(*args), fx_graph_cache_key, generated_module_file)``.
+    """
+    from unittest.mock import patch
+
+    import torch._inductor.codecache as codecache
+    import torch._inductor.compile_fx as cfx
+
+    captured: dict[str, Any] = {}
+
+    def inner(*args: Any, **kwargs: Any) -> Any:
+        out = cfx.compile_fx_inner(*args, **kwargs)
+        captured["key"] = getattr(out, "_fx_graph_cache_key", None)
+        fn = getattr(out, "current_callable", None)
+        code = getattr(fn, "__code__", None)
+        captured["file"] = getattr(code, "co_filename", None)
+        return out
+
+    with contextlib.ExitStack() as st:
+        if not dynamic:
+            st.enter_context(_static_tracing())
+        st.enter_context(
+            patch.object(codecache.FxGraphCache, "_check_can_cache", lambda *a, **k: None)
+        )
+        st.enter_context(torch._inductor.config.patch(fx_graph_remote_cache=False))
+        st.enter_context(
+            torch._functorch.config.patch(
+                enable_autograd_cache=False, enable_remote_autograd_cache=False
+            )
+        )
+        st.enter_context(torch._inductor.config.patch(dict(options)))
+        compiled = cfx.compile_fx(
+            gm, list(example_inputs), inner_compile=inner, config_patches={"fx_graph_cache": True}
+        )
+    return compiled, captured.get("key"), captured.get("file")
+
+
+def load_fx_cached(key: str, example_inputs: Sequence[Any]) -> Callable[..., Any] | None:
+    """Look ``key`` up in Inductor's FX graph cache; ``fn(list_of_args)`` or
+    ``None`` on a miss."""
+    from unittest.mock import patch
+
+    from torch._inductor.codecache import FxGraphCache
+    from torch._inductor.output_code import CompiledFxGraphConstants
+
+    with (
+        patch.object(FxGraphCache, "_get_shape_env", lambda *a, **k: _AlwaysHitShapeEnv()),
+        torch._dynamo.utils.get_metrics_context(),
+    ):
+        graph, _info = FxGraphCache._lookup_graph(
+            key, list(example_inputs), True, None, CompiledFxGraphConstants()
+        )
+    if graph is None:
+        return None
+    return graph  # type: ignore[no-any-return]
+
+
+def mark_token_dim(t: torch.Tensor, dim: int) -> None:
+    """Mark ``dim`` of ``t`` as the token dimension: one graph for every
+    size, 0 and 1 included (unbacked, so never specialised)."""
+    from torch._dynamo.decorators import mark_unbacked
+
+    mark_unbacked(t, dim)

@@ -1,0 +1,96 @@
+"""The interface a compiler implements to be driven by the backend.
+
+The backend calls :meth:`CompilerInterface.compile` once per piece and
+compile entry (a range, compiled with symbolic shapes, or one exact size,
+compiled with concrete shapes), stores the returned handle in the cache index,
+and later calls :meth:`CompilerInterface.load` with that handle instead of
+compiling again.
+
+>>> from fxpiece.compiler_interface import CompilerInterface
+>>> class Identity(CompilerInterface):
+...     name = "identity"
+...     def compile(self, graph, example_inputs, entry, ctx):
+...         return CompileResult(graph.forward, None)
+>>> Identity().name
+'identity'
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch.fx
+
+from fxpiece.ranges import Range
+
+if TYPE_CHECKING:
+    from fxpiece.store import ArtifactStore
+
+__all__ = ["CompileContext", "CompileResult", "CompilerInterface"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompileContext:
+    """What a compiler may need besides the graph."""
+
+    store: ArtifactStore | None
+    """Where to put artifacts (``None`` when the cache is off or read-only)."""
+    digest: str
+    """Content digest of (piece, inputs, entry, compiler, options); unique name."""
+    inductor_config: Mapping[str, Any] = field(default_factory=dict)
+    post_grad_pass: Any = None
+    """The pass manager to install as Inductor's post-grad custom pass, if any."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompileResult:
+    fn: Callable[..., Any]
+    """Called as ``fn(*args)``; returns what the piece's graph returns."""
+    handle: Any
+    """JSON-like value to store in the index (paths relative to the cache
+    dir), or ``None`` if the result cannot be loaded later."""
+
+
+class CompilerInterface(ABC):
+    """Base class of compilers; subclass it to plug in your own."""
+
+    name: str = "custom"
+    """Enters the index key and the cache key; unique per compiler."""
+
+    def compute_hash(self) -> str:
+        """A hash of everything about this compiler that changes its output
+        (version, build, options); enters the cache key."""
+        return self.name
+
+    @abstractmethod
+    def compile(
+        self,
+        graph: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        entry: Range,
+        ctx: CompileContext,
+    ) -> CompileResult:
+        """Compile ``graph`` for ``entry`` (symbolic shapes for a range,
+        concrete ones for a single size)."""
+
+    def load(
+        self,
+        handle: Any,
+        graph: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        entry: Range,
+        ctx: CompileContext,
+        cache_dir: Path,
+    ) -> Callable[..., Any] | None:
+        """Load a result from ``handle``; ``None`` means it is gone (compile
+        again). The default cannot load anything."""
+        return None
+
+    @property
+    def is_inductor(self) -> bool:
+        """Whether compiles count as Inductor compiles."""
+        return False

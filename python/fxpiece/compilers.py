@@ -1,0 +1,202 @@
+"""The built-in compilers: Inductor standalone artifacts, Inductor through
+its FX graph cache, and eager."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from fxpiece import _torch_compat
+from fxpiece.compiler_interface import CompileContext, CompileResult, CompilerInterface
+from fxpiece.context import compiling_range
+from fxpiece.ranges import Range
+
+__all__ = [
+    "EagerCompiler",
+    "InductorFxCacheCompiler",
+    "InductorStandaloneCompiler",
+    "graph_returns_tuple",
+    "make_compiler",
+]
+
+
+def graph_returns_tuple(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph's output is a tuple/list (else a single value)."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return isinstance(out.args[0], tuple | list)
+
+
+def unpacking(fn: Callable[..., Any], returns_tuple: bool) -> Callable[..., Any]:
+    """Make Inductor's result match the graph: a single output unpacked
+    unless the graph returns a tuple."""
+    if returns_tuple:
+
+        def call_tuple(*args: Any) -> Any:
+            out = fn(*args)
+            return tuple(out) if isinstance(out, list) else out
+
+        return call_tuple
+
+    def call_single(*args: Any) -> Any:
+        out = fn(*args)
+        if isinstance(out, list | tuple):
+            return out[0]
+        return out
+
+    return call_single
+
+
+def _options(ctx: CompileContext) -> dict[str, Any]:
+    opts = dict(ctx.inductor_config)
+    if ctx.post_grad_pass is not None:
+        opts["post_grad_custom_post_pass"] = ctx.post_grad_pass
+    return opts
+
+
+class EagerCompiler(CompilerInterface):
+    """Runs each piece as its FX graph (no compilation); useful to debug."""
+
+    name = "eager"
+
+    def compile(
+        self,
+        graph: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        entry: Range,
+        ctx: CompileContext,
+    ) -> CompileResult:
+        return CompileResult(graph.forward, {"eager": True})
+
+    def load(
+        self,
+        handle: Any,
+        graph: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        entry: Range,
+        ctx: CompileContext,
+        cache_dir: Path,
+    ) -> Callable[..., Any] | None:
+        return graph.forward if handle == {"eager": True} else None
+
+
+class InductorStandaloneCompiler(CompilerInterface):
+    """``torch._inductor.standalone_compile``; each result is saved as one
+    binary artifact in the content-addressed store and loaded with
+    ``CompiledArtifact.load``."""
+
+    name = "inductor"
+
+    def compute_hash(self) -> str:
+        return f"{self.name}:{torch.__version__}"
+
+    @property
+    def is_inductor(self) -> bool:
+        return True
+
+    def compile(
+        self,
+        graph: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        entry: Range,
+        ctx: CompileContext,
+    ) -> CompileResult:
+        dynamic = not entry.is_single_size
+        with compiling_range(entry), _torch_compat.inductor_config_patch(_options(ctx)):
+            art = _torch_compat.compile_standalone(
+                graph, example_inputs, dynamic=dynamic, options={}
+            )
+        handle = None
+        if ctx.store is not None:
+            data = _torch_compat.standalone_bytes(art)
+            if data is not None:
+                handle = ctx.store.put(ctx.digest, data)
+        return CompileResult(unpacking(art, graph_returns_tuple(graph)), handle)
+
+    def load(
+        self,
+        handle: Any,
+        graph: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        entry: Range,
+        ctx: CompileContext,
+        cache_dir: Path,
+    ) -> Callable[..., Any] | None:
+        if ctx.store is None:
+            return None
+        path = ctx.store.verified_path(handle)
+        if path is None:
+            return None
+        art = _torch_compat.load_standalone(str(path))
+        return unpacking(art, graph_returns_tuple(graph))
+
+
+class InductorFxCacheCompiler(InductorStandaloneCompiler):
+    """Inductor through its FX graph cache; the index keeps the FX graph
+    cache key and the generated module's path as the handle."""
+
+    name = "inductor-fx-cache"
+
+    def compile(
+        self,
+        graph: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        entry: Range,
+        ctx: CompileContext,
+    ) -> CompileResult:
+        with compiling_range(entry):
+            fn, key, module_file = _torch_compat.compile_fx_cached(
+                graph, example_inputs, dynamic=not entry.is_single_size, options=_options(ctx)
+            )
+        handle = None
+        if ctx.store is not None and key:
+            rel = _relative(module_file, ctx.store.root)
+            handle = {"fx_graph_cache_key": key, "module": rel}
+        return CompileResult(unpacking(fn, graph_returns_tuple(graph)), handle)
+
+    def load(
+        self,
+        handle: Any,
+        graph: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        entry: Range,
+        ctx: CompileContext,
+        cache_dir: Path,
+    ) -> Callable[..., Any] | None:
+        if not isinstance(handle, dict) or "fx_graph_cache_key" not in handle:
+            return None
+        fn = _torch_compat.load_fx_cached(str(handle["fx_graph_cache_key"]), example_inputs)
+        if fn is None:
+            return None
+        return unpacking(_list_call(fn), graph_returns_tuple(graph))
+
+
+def _list_call(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Inductor's compiled graphs take one list of args."""
+
+    def call(*args: Any) -> Any:
+        return fn(list(args))
+
+    return call
+
+
+def _relative(path: str | None, root: Path) -> str | None:
+    if not path:
+        return None
+    try:
+        return str(Path(path).resolve().relative_to(root.resolve()))
+    except ValueError:
+        return None
+
+
+def make_compiler(spec: str | CompilerInterface) -> CompilerInterface:
+    if isinstance(spec, CompilerInterface):
+        return spec
+    return {
+        "inductor": InductorStandaloneCompiler,
+        "inductor-fx-cache": InductorFxCacheCompiler,
+        "eager": EagerCompiler,
+    }[spec]()

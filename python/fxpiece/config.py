@@ -1,0 +1,222 @@
+"""Configuration of the backend: one frozen, validated dataclass.
+
+>>> from fxpiece import CompileConfig
+>>> cfg = CompileConfig(compile_ranges_endpoints=[32, 8], max_num_tokens=256, compile_sizes=[16])
+>>> [str(r) for r in cfg.compile_ranges]
+['[1,8]', '[9,32]', '[33,256]']
+>>> CompileConfig(max_num_tokens=0)
+Traceback (most recent call last):
+...
+fxpiece.errors.ConfigError: max_num_tokens: must be an int >= 1, got 0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from fxpiece.compiler_interface import CompilerInterface
+from fxpiece.context import validate_path_part
+from fxpiece.errors import ConfigError
+from fxpiece.passes import InductorPass
+from fxpiece.ranges import Range, compile_entries, ranges_from_endpoints
+
+__all__ = ["BUILTIN_COMPILERS", "CompileConfig"]
+
+BUILTIN_COMPILERS = ("inductor", "inductor-fx-cache", "eager")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _ints(name: str, value: Any) -> tuple[int, ...]:
+    if isinstance(value, int | str) or not hasattr(value, "__iter__"):
+        raise ConfigError(name, f"must be a list of ints, got {value!r}")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(name, f"every entry must be an int >= 1, got {v!r}")
+        out.append(v)
+    return tuple(sorted(set(out)))
+
+
+def _flag(name: str, raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ConfigError(name, f"{raw!r} is not a boolean; use 1/0, true/false, yes/no or on/off")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileConfig:
+    """Everything that decides how the backend splits, compiles and caches.
+
+    Validated on construction: a bad field raises :class:`ConfigError` naming
+    the field and the fix. Lists are stored as sorted, deduplicated tuples.
+    """
+
+    splitting_ops: tuple[str | Callable[..., Any], ...] = ()
+    """Ops to split at: ``"ns::op"``, ``"ns::op.overload"``, callables or
+    their dotted names (``"torch.nn.functional.scaled_dot_product_attention"``)."""
+    compile_ranges_endpoints: tuple[int, ...] = ()
+    """Range ends below ``max_num_tokens``; ``[8, 32]`` gives ``[1,8] [9,32] [33,max]``."""
+    max_num_tokens: int = 8192
+    """End of the last range."""
+    compile_sizes: tuple[int, ...] = ()
+    """Exact sizes compiled with concrete shapes; they win over ranges."""
+    compiler: str | CompilerInterface = "inductor"
+    """``"inductor"`` (standalone artifacts), ``"inductor-fx-cache"``,
+    ``"eager"``, or a :class:`CompilerInterface`."""
+    cache_dir: str | None = None
+    """Cache root; ``None`` means ``~/.cache/fxpiece`` (see :meth:`from_env`)."""
+    disable_cache: bool = False
+    """Switch every cache read and write off."""
+    inductor_config: Mapping[str, Any] = field(default_factory=dict)
+    """Inductor options (``torch._inductor.config`` names) used for every piece."""
+    post_grad_passes: tuple[InductorPass, ...] = ()
+    model_tag: str = "backbone"
+    """Cache sub-folder; :func:`fxpiece.set_model_tag` overrides it."""
+    use_inductor_graph_partition: bool = False
+    """No FX pre-split: Inductor partitions at the splitting ops (if supported)."""
+    strict: bool = False
+    """A token count outside every range raises instead of running uncompiled."""
+    static_graph_wrapper: Callable[..., Any] | None = None
+    """Per-piece wrapper factory ``wrapper(fn, piece_index, entry) -> callable``
+    (CUDA graphs on GPU); see :mod:`fxpiece.wrappers`."""
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        ops = self.splitting_ops
+        if isinstance(ops, str) or callable(ops):
+            ops = (ops,)
+        put("splitting_ops", tuple(ops))
+        put(
+            "compile_ranges_endpoints",
+            _ints("compile_ranges_endpoints", self.compile_ranges_endpoints),
+        )
+        put("compile_sizes", _ints("compile_sizes", self.compile_sizes))
+        m = self.max_num_tokens
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ConfigError("max_num_tokens", f"must be an int >= 1, got {m!r}")
+        too_big = [s for s in self.compile_sizes if s > m]
+        if too_big:
+            raise ConfigError(
+                "compile_sizes",
+                f"{too_big} exceed max_num_tokens={m}; raise max_num_tokens or drop them",
+            )
+        c = self.compiler
+        if isinstance(c, str):
+            if c not in BUILTIN_COMPILERS:
+                raise ConfigError(
+                    "compiler",
+                    f"unknown compiler {c!r}; use one of {', '.join(BUILTIN_COMPILERS)} "
+                    "or a fxpiece.CompilerInterface instance",
+                )
+        elif not isinstance(c, CompilerInterface):
+            raise ConfigError(
+                "compiler", f"{c!r} is not a compiler name nor a fxpiece.CompilerInterface"
+            )
+        if self.cache_dir is not None:
+            if not isinstance(self.cache_dir, str | os.PathLike) or not str(self.cache_dir):
+                raise ConfigError("cache_dir", f"must be a path, got {self.cache_dir!r}")
+            put("cache_dir", os.fspath(self.cache_dir))
+        if not isinstance(self.inductor_config, Mapping):
+            raise ConfigError("inductor_config", "must be a dict of torch._inductor.config names")
+        bad = [k for k in self.inductor_config if not isinstance(k, str)]
+        if bad:
+            raise ConfigError("inductor_config", f"keys must be str, got {bad!r}")
+        put("inductor_config", MappingProxyType(dict(self.inductor_config)))
+        passes = tuple(self.post_grad_passes)
+        for p in passes:
+            if not isinstance(p, InductorPass):
+                raise ConfigError(
+                    "post_grad_passes", f"{p!r} is not an instance of fxpiece.InductorPass"
+                )
+        put("post_grad_passes", passes)
+        validate_path_part("model_tag", self.model_tag)
+        for name in ("disable_cache", "use_inductor_graph_partition", "strict"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
+        if self.static_graph_wrapper is not None and not callable(self.static_graph_wrapper):
+            raise ConfigError("static_graph_wrapper", "must be a callable (a class or factory)")
+        # Resolve op names now so a typo fails here, not at compile time.
+        from fxpiece.ops import resolve_splitting_ops
+
+        resolve_splitting_ops(self.splitting_ops)
+
+    @property
+    def compile_ranges(self) -> tuple[Range, ...]:
+        return ranges_from_endpoints(self.compile_ranges_endpoints, self.max_num_tokens)
+
+    @property
+    def compile_entries(self) -> tuple[Range, ...]:
+        """Ranges, then exact sizes not already a range."""
+        return compile_entries(self.compile_ranges, self.compile_sizes)
+
+    @property
+    def compiler_name(self) -> str:
+        return self.compiler if isinstance(self.compiler, str) else self.compiler.name
+
+    def resolved_cache_dir(self) -> Path:
+        if self.cache_dir is not None:
+            return Path(self.cache_dir).expanduser()
+        return Path.home() / ".cache" / "fxpiece"
+
+    def replace(self, **changes: Any) -> CompileConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> CompileConfig:
+        """Build a config from ``FXPIECE_*`` variables (the only place the
+        environment is read), then apply ``overrides``.
+
+        ``FXPIECE_CACHE_ROOT``, ``FXPIECE_DISABLE_CACHE``, ``FXPIECE_COMPILER``,
+        ``FXPIECE_SPLITTING_OPS`` (comma-separated), ``FXPIECE_COMPILE_SIZES``,
+        ``FXPIECE_COMPILE_RANGES_ENDPOINTS``, ``FXPIECE_MAX_NUM_TOKENS``,
+        ``FXPIECE_MODEL_TAG``, ``FXPIECE_STRICT``.
+        """
+        e = os.environ if env is None else env
+        kw: dict[str, Any] = {}
+
+        def ints(var: str) -> tuple[int, ...]:
+            raw = e[var]
+            try:
+                return tuple(int(x) for x in raw.replace(" ", "").split(",") if x)
+            except ValueError:
+                raise ConfigError(var, f"{raw!r} is not a comma-separated list of ints") from None
+
+        if e.get("FXPIECE_CACHE_ROOT"):
+            kw["cache_dir"] = e["FXPIECE_CACHE_ROOT"]
+        if "FXPIECE_DISABLE_CACHE" in e:
+            kw["disable_cache"] = _flag("FXPIECE_DISABLE_CACHE", e["FXPIECE_DISABLE_CACHE"])
+        if "FXPIECE_STRICT" in e:
+            kw["strict"] = _flag("FXPIECE_STRICT", e["FXPIECE_STRICT"])
+        if e.get("FXPIECE_COMPILER"):
+            kw["compiler"] = e["FXPIECE_COMPILER"]
+        if e.get("FXPIECE_MODEL_TAG"):
+            kw["model_tag"] = e["FXPIECE_MODEL_TAG"]
+        if "FXPIECE_SPLITTING_OPS" in e:
+            kw["splitting_ops"] = tuple(
+                s.strip() for s in e["FXPIECE_SPLITTING_OPS"].split(",") if s.strip()
+            )
+        if "FXPIECE_COMPILE_SIZES" in e:
+            kw["compile_sizes"] = ints("FXPIECE_COMPILE_SIZES")
+        if "FXPIECE_COMPILE_RANGES_ENDPOINTS" in e:
+            kw["compile_ranges_endpoints"] = ints("FXPIECE_COMPILE_RANGES_ENDPOINTS")
+        if e.get("FXPIECE_MAX_NUM_TOKENS"):
+            raw = e["FXPIECE_MAX_NUM_TOKENS"]
+            try:
+                kw["max_num_tokens"] = int(raw)
+            except ValueError:
+                raise ConfigError("FXPIECE_MAX_NUM_TOKENS", f"{raw!r} is not an int") from None
+        kw.update(overrides)
+        return cls(**kw)

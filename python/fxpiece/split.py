@@ -1,0 +1,186 @@
+"""Splitting an FX graph at chosen ops into pieces (a pure ``torch.fx`` pass).
+
+Each call of a splitting op becomes a piece of its own (consecutive splitting
+ops share one); every other run of nodes becomes a piece that a compiler will
+handle. ``getitem`` on a node goes with its producer, so no tuple crosses a
+boundary, and ``x.size()`` is decomposed into per-dimension sizes first, so no
+``torch.Size`` crosses one either. Node order is kept.
+
+>>> import torch, operator
+>>> from fxpiece.split import split_graph
+>>> class M(torch.nn.Module):
+...     def forward(self, x):
+...         y = torch.relu(x)
+...         z = torch.mm(y, y)
+...         return z + 1
+>>> gm = torch.fx.symbolic_trace(M())
+>>> split_gm, items = split_graph(gm, [torch.mm])
+>>> [(i.index, i.is_splitting_graph) for i in items]
+[(0, False), (1, True), (2, False)]
+>>> x = torch.randn(3, 3)
+>>> torch.equal(split_gm(x), M()(x))
+True
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.passes.split_module import split_module
+
+from fxpiece.ops import SplittingOp, SplittingOps, resolve_splitting_ops
+
+__all__ = ["SplitItem", "decompose_size_nodes", "split_graph"]
+
+
+@dataclass(frozen=True, slots=True)
+class SplitItem:
+    """One piece of a split graph."""
+
+    name: str
+    """Attribute name of the piece in the split module (``submod_<graph_id>``)."""
+    index: int
+    """Position of the piece, 0-based; the cache keys use it."""
+    graph_id: int
+    is_splitting_graph: bool
+    graph: torch.fx.GraphModule
+    split_op: str | None
+    """For a splitting piece, the splitting op that caused it."""
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(1 for n in self.graph.graph.nodes if n.op not in ("placeholder", "output"))
+
+
+def _is_full_size(node: torch.fx.Node) -> bool:
+    if node.op == "call_method" and node.target == "size":
+        return len(node.args) == 1 and not node.kwargs
+    return (
+        node.op == "call_function"
+        and node.target is getattr
+        and len(node.args) == 2
+        and node.args[1] == "shape"
+    )
+
+
+def _dim_sizes(node: torch.fx.Node) -> list[Any] | None:
+    ev = node.meta.get("example_value")
+    if ev is None:
+        ev = node.meta.get("val")
+    if isinstance(ev, torch.Size | tuple | list):
+        return list(ev)
+    src = node.args[0]
+    if isinstance(src, torch.fx.Node):
+        sv = src.meta.get("example_value", src.meta.get("val"))
+        if isinstance(sv, torch.Tensor):
+            return list(sv.shape)
+    return None
+
+
+def decompose_size_nodes(gm: torch.fx.GraphModule) -> int:
+    """Replace each ``x.size()`` / ``x.shape`` whose value is known from node
+    metadata by per-dimension ``x.size(i)`` nodes (static dimensions become
+    int literals). ``size[i]`` uses get the single dimension; other uses get a
+    tuple. Returns how many size nodes were replaced."""
+    g = gm.graph
+    done = 0
+    for node in list(g.nodes):
+        if not _is_full_size(node):
+            continue
+        dims = _dim_sizes(node)
+        src = node.args[0]
+        if dims is None or not isinstance(src, torch.fx.Node):
+            continue
+        per_dim: list[Any] = []
+        with g.inserting_after(node):
+            for i, d in enumerate(dims):
+                if isinstance(d, int):
+                    per_dim.append(d)
+                    continue
+                dn = g.call_method("size", (src, i))
+                dn.meta["example_value"] = d
+                per_dim.append(dn)
+        for user in list(node.users):
+            if (
+                user.op == "call_function"
+                and user.target is operator.getitem
+                and user.args[0] is node
+                and isinstance(user.args[1], int)
+            ):
+                user.replace_all_uses_with(per_dim[user.args[1]])
+                g.erase_node(user)
+            else:
+                user.replace_input_with(node, tuple(per_dim))  # type: ignore[arg-type]
+        if not node.users:
+            g.erase_node(node)
+        done += 1
+    if done:
+        # Size nodes inserted after the size() node may come before a later
+        # use only; keep the graph valid and topologically ordered.
+        g.lint()
+        gm.recompile()
+    return done
+
+
+def split_graph(
+    gm: torch.fx.GraphModule,
+    splitting_ops: SplittingOps | Iterable[SplittingOp],
+) -> tuple[torch.fx.GraphModule, list[SplitItem]]:
+    """Split ``gm`` at calls of ``splitting_ops``.
+
+    Returns the stitched module (calling it equals calling ``gm``) and its
+    pieces in execution order. ``gm`` is modified in place only by the size
+    decomposition, which keeps its behaviour.
+    """
+    spec = (
+        splitting_ops
+        if isinstance(splitting_ops, SplittingOps)
+        else resolve_splitting_ops(splitting_ops)
+    )
+    decompose_size_nodes(gm)
+    assignment: dict[torch.fx.Node, int] = {}
+    split_ids: dict[int, str] = {}
+    sid = 0
+    prev_split = False
+    started = False
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if (
+            node.op == "call_function"
+            and node.target is operator.getitem
+            and isinstance(node.args[0], torch.fx.Node)
+            and node.args[0].op != "placeholder"
+        ):
+            assignment[node] = assignment[node.args[0]]
+            continue
+        label = spec.matches(node)
+        if label is not None:
+            if not prev_split and started:
+                sid += 1
+            split_ids.setdefault(sid, label)
+            prev_split = True
+        elif prev_split:
+            sid += 1
+            prev_split = False
+        assignment[node] = sid
+        started = True
+    split_gm = split_module(gm, gm, lambda n: assignment[n], keep_original_order=True)
+    items: list[SplitItem] = []
+    for name, mod in split_gm.named_children():
+        if not name.startswith("submod_"):
+            continue
+        gid = int(name.removeprefix("submod_"))
+        assert isinstance(mod, torch.fx.GraphModule)
+        items.append(SplitItem(name, -1, gid, gid in split_ids, mod, split_ids.get(gid)))
+    items.sort(key=lambda it: it.graph_id)
+    items = [
+        SplitItem(it.name, i, it.graph_id, it.is_splitting_graph, it.graph, it.split_op)
+        for i, it in enumerate(items)
+    ]
+    return split_gm, items

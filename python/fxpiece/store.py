@@ -1,0 +1,122 @@
+"""On-disk layout of the cache and the atomic, verified artifact store.
+
+::
+
+    <cache_root>/                     created 0700
+      artifacts/<2 hex>/<digest>      compiled pieces, content-addressed, write-once
+      models/<key>/<model_tag>/
+        index/                        CacheIndex: (start, end, piece, compiler) -> handle
+        cache_key_factors.json        the factors behind <key>
+        computation_graph.py          the split graph, readable
+      inductor/                       Inductor's own cache (kernels, ISA checks)
+
+Every path stored in an index is relative to ``<cache_root>``, so a cache
+folder can be moved or copied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fxpiece.context import validate_path_part
+from fxpiece.errors import CacheError
+from fxpiece.hashing import hash_files_report
+from fxpiece.index import CacheIndex, write_atomic
+
+__all__ = ["ArtifactStore", "ModelCache", "ensure_private_dir"]
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) private to the user (0700)."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise CacheError(
+            e.errno or 0,
+            f"cannot create cache folder {path}: {e.strerror}; set cache_dir "
+            "(FXPIECE_CACHE_ROOT) to a writable folder or disable the cache",
+            str(path),
+        ) from e
+    return path
+
+
+def _digest_of(path: Path) -> str | None:
+    report = hash_files_report([str(path)])
+    return report.files[0].digest if report.files else None
+
+
+@dataclass(frozen=True)
+class ArtifactStore:
+    """Content-addressed artifacts under ``<root>/artifacts``."""
+
+    root: Path
+
+    def relpath(self, digest: str) -> str:
+        return f"artifacts/{digest[:2]}/{digest}"
+
+    def put(self, digest: str, data: bytes) -> dict[str, Any]:
+        """Write ``data`` atomically (temp + fsync + rename) and return the
+        handle to keep in an index."""
+        rel = self.relpath(digest)
+        path = self.root / rel
+        ensure_private_dir(path.parent)
+        write_atomic(str(path), data)
+        return {"artifact": rel, "blake3": _digest_of(path), "size": len(data)}
+
+    def verified_path(self, handle: Any) -> Path | None:
+        """The artifact's path if it exists and its checksum matches the
+        handle; a mismatching file is moved aside (``*.corrupt-<time>``) and
+        ``None`` is returned so the piece is compiled again."""
+        if not isinstance(handle, dict) or not isinstance(handle.get("artifact"), str):
+            return None
+        rel = handle["artifact"]
+        path = (self.root / rel).resolve()
+        root = self.root.resolve()
+        if root not in path.parents:
+            return None  # never follow a handle (or symlink) out of the cache
+        if not path.is_file():
+            return None
+        if _digest_of(path) != handle.get("blake3"):
+            quarantine(path)
+            return None
+        return path
+
+
+def quarantine(path: Path) -> Path | None:
+    """Move a bad file aside, never deleting it."""
+    aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+    try:
+        os.replace(path, aside)
+    except OSError:
+        return None
+    return aside
+
+
+class ModelCache:
+    """The per-model folder: index, key factors and the readable split graph."""
+
+    def __init__(self, root: Path, key: str, model_tag: str) -> None:
+        validate_path_part("model_tag", model_tag)
+        self.root = root
+        self.key = key
+        self.folder = root / "models" / key[:32] / model_tag
+        ensure_private_dir(self.folder)
+        self.index = CacheIndex(str(self.folder / "index"))
+        self.artifacts = ArtifactStore(root)
+
+    def write_text(self, name: str, text: str) -> None:
+        path = self.folder / name
+        try:
+            if path.read_text() == text:
+                return
+        except OSError:
+            pass
+        write_atomic(str(path), text.encode())
+
+    def write_factors(self, factors: dict[str, Any]) -> None:
+        self.write_text("cache_key_factors.json", json.dumps(factors, indent=1, sort_keys=True))

@@ -8,6 +8,7 @@ through here.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -230,8 +231,12 @@ def compile_fx_cached(
             )
         )
         st.enter_context(torch._inductor.config.patch(dict(options)))
+        # compile_fx rewrites the graph's output in place: give it a copy.
         compiled = cfx.compile_fx(
-            gm, list(example_inputs), inner_compile=inner, config_patches={"fx_graph_cache": True}
+            copy.deepcopy(gm),
+            list(example_inputs),
+            inner_compile=inner,
+            config_patches={"fx_graph_cache": True},
         )
     return compiled, captured.get("key"), captured.get("file")
 

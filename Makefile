@@ -31,8 +31,7 @@ py-test: install
 test: install rust-test lint py-test
 
 demo: install
-	$(PY) benches/bench_hash.py
-	$(PY) benches/bench_index.py
+	$(PY) -m fxpiece demo
 
 bench: install
 	$(PY) benches/bench_hash.py

@@ -281,7 +281,9 @@ class Backend:
             )
             fn = done.get(digest)
             if fn is not None:
+                # An identical piece (another layer) was just compiled or loaded.
                 ps.reused += 1
+                self._count("num_cache_hits")
             if fn is None and model_cache is not None:
                 fn = self._load(it, entry, ex_args, ctx, model_cache, ps)
             if fn is None:

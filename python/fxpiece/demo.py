@@ -1,0 +1,237 @@
+"""The main job: compile a toy Llama piecewise (BF16, split at attention),
+check it against eager, warm-start it in a second process, print a table.
+
+Each phase runs in its own process (``python -m fxpiece.demo worker ...``)
+so the warm start is a real fresh start: nothing is shared but the cache
+folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["demo_config", "main", "run_phase", "worker"]
+
+SPLIT_OP = "fxpiece_toy::attention"
+
+
+def demo_config(cache_dir: str, max_tokens: int) -> Any:
+    from fxpiece.config import CompileConfig
+
+    return CompileConfig(
+        splitting_ops=[SPLIT_OP],
+        compile_ranges_endpoints=[16],
+        max_num_tokens=max_tokens,
+        compile_sizes=[8],
+        cache_dir=cache_dir,
+    )
+
+
+def _latency(fn: Any, ids: Any, reps: int) -> float:
+    import torch
+
+    with torch.no_grad():
+        for _ in range(3):
+            fn(ids)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn(ids)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def worker(
+    mode: str,
+    cache_dir: str,
+    layers: int,
+    hidden: int,
+    dtype: str,
+    max_tokens: int,
+    latency_sizes: Sequence[int],
+    reps: int,
+) -> dict[str, Any]:
+    """One phase in this process; returns what it measured."""
+    t_import = time.perf_counter()
+    import torch
+
+    import fxpiece
+    from fxpiece.toy_llama import ToyLlama, ToyLlamaConfig
+
+    torch.manual_seed(0)
+    cfg = ToyLlamaConfig(
+        num_layers=layers,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_heads=max(1, hidden // 32),
+    )
+    model = ToyLlama(cfg).eval().to(getattr(torch, dtype))
+    import_s = time.perf_counter() - t_import
+    ids = torch.arange(24) % cfg.vocab_size
+    with torch.no_grad():
+        ref = model(ids)
+    out: dict[str, Any] = {"mode": mode, "import_s": import_s}
+    if mode == "fxpiece":
+        compiled: Any = fxpiece.compile(model, demo_config(cache_dir, max_tokens))
+    elif mode == "inductor":
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "stock-inductor")
+        stock = torch.compile(model, backend="inductor")
+
+        def compiled(x: Any) -> Any:
+            torch._dynamo.decorators.mark_unbacked(x, 0)
+            return stock(x)
+    else:
+        compiled = model
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        got = compiled(ids)
+    out["first_call_s"] = time.perf_counter() - t0
+    diff = (got.float() - ref.float()).abs().max().item()
+    out["max_abs_diff"] = diff
+    out["scale"] = ref.float().abs().max().item()
+    if mode == "fxpiece":
+        stats = compiled.stats
+        c = stats.counters.snapshot()
+        g = stats.graphs[0]
+        out.update(
+            backend_s=stats.total_s,
+            compile_s=stats.compile_s,
+            load_s=stats.load_s,
+            dynamo_s=out["first_call_s"] - stats.total_s,
+            pieces=g.num_pieces,
+            compiled_pieces=g.num_compiled_pieces,
+            entries=[str(r) for r in compiled.backend.config.compile_entries],
+            counters=c,
+        )
+    out["latency_s"] = {
+        str(n): _latency(compiled, torch.arange(n) % cfg.vocab_size, reps) for n in latency_sizes
+    }
+    return out
+
+
+def run_phase(mode: str, cache_dir: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run :func:`worker` in a fresh Python process and return its result."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "fxpiece.demo",
+        "worker",
+        mode,
+        "--cache-dir",
+        cache_dir,
+        "--layers",
+        str(args.layers),
+        "--hidden",
+        str(args.hidden),
+        "--dtype",
+        args.dtype,
+        "--max-tokens",
+        str(args.max_tokens),
+        "--reps",
+        str(args.reps),
+        "--latency-sizes",
+        ",".join(str(s) for s in args.latency_sizes),
+    ]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        raise SystemExit(f"demo: the {mode} phase failed (exit {proc.returncode})")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["process_s"] = time.perf_counter() - t0
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fxpiece demo", description=__doc__)
+    p.add_argument("--cache-dir", help="cache root (default: a fresh temporary folder)")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument(
+        "--latency-sizes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 16, 128],
+    )
+    return p
+
+
+def _row(cells: Sequence[Any], widths: Sequence[int]) -> str:
+    return "  ".join(
+        str(c).ljust(w) if i == 0 else str(c).rjust(w)
+        for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["worker"]:
+        p = _parser()
+        p.add_argument("mode", choices=["fxpiece", "inductor", "eager"])
+        a = p.parse_args(argv[1:])
+        res = worker(
+            a.mode, a.cache_dir, a.layers, a.hidden, a.dtype, a.max_tokens, a.latency_sizes, a.reps
+        )
+        print(json.dumps(res))
+        return 0
+    a = _parser().parse_args(argv)
+    cache_dir = a.cache_dir or tempfile.mkdtemp(prefix="fxpiece-demo-")
+    print(
+        f"fxpiece demo: toy Llama, {a.layers} layers, hidden {a.hidden}, {a.dtype}, "
+        f"split at {SPLIT_OP}; cache {cache_dir}"
+    )
+    print("cold start (empty cache) ...", flush=True)
+    cold = run_phase("fxpiece", cache_dir, a)
+    print("warm start (fresh process, same cache) ...", flush=True)
+    warm = run_phase("fxpiece", cache_dir, a)
+    eager = run_phase("eager", cache_dir, a)
+    tol = 0.05 if a.dtype == "bfloat16" else 1e-3
+    ok = all(r["max_abs_diff"] <= tol * max(1.0, r["scale"]) for r in (cold, warm))
+    w = [28, 12, 12]
+    print()
+    print(
+        f"pieces: {cold['pieces']} ({cold['compiled_pieces']} compiled, "
+        f"{cold['pieces'] - cold['compiled_pieces']} split ops run eagerly); "
+        f"entries per piece: {', '.join(cold['entries'])}"
+    )
+    print(_row(["", "cold", "warm"], w))
+    for label, key in [
+        ("first call, total (s)", "first_call_s"),
+        ("  Dynamo trace (s)", "dynamo_s"),
+        ("  backend (s)", "backend_s"),
+        ("    compile (s)", "compile_s"),
+        ("    load from cache (s)", "load_s"),
+    ]:
+        print(_row([label, f"{cold[key]:.2f}", f"{warm[key]:.2f}"], w))
+    for label, key in [
+        ("Inductor compiles", "num_inductor_compiles"),
+        ("cache hits", "num_cache_hits"),
+        ("backend compilations", "num_backend_compilations"),
+    ]:
+        print(_row([label, cold["counters"][key], warm["counters"][key]], w))
+    print(
+        _row(["max |out - eager|", f"{cold['max_abs_diff']:.3g}", f"{warm['max_abs_diff']:.3g}"], w)
+    )
+    print()
+    print(_row(["tokens", "eager (ms)", "fxpiece (ms)", "speed vs eager"], [10, 12, 12, 14]))
+    for n, t in warm["latency_s"].items():
+        e = eager["latency_s"][n]
+        print(_row([n, f"{e * 1e3:.3f}", f"{t * 1e3:.3f}", f"{e / t:.2f}x"], [10, 12, 12, 14]))
+    print()
+    print("outputs match eager" if ok else "OUTPUTS DO NOT MATCH EAGER")
+    return 0 if ok and warm["counters"]["num_inductor_compiles"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -158,9 +158,10 @@ def standalone_bytes(artifact: Any) -> bytes | None:
 
 
 def load_standalone(path: str) -> Callable[..., Any]:
-    from torch._inductor import CompiledArtifact
+    from torch._inductor.standalone_compile import CompiledArtifact
 
-    return CompiledArtifact.load(path=path, format="binary")  # type: ignore[no-any-return]
+    fn: Callable[..., Any] = CompiledArtifact.load(path=path, format="binary")
+    return fn
 
 
 class _AlwaysHitShapeEnv:
@@ -238,7 +239,8 @@ def compile_fx_cached(
             inner_compile=inner,
             config_patches={"fx_graph_cache": True},
         )
-    return compiled, captured.get("key"), captured.get("file")
+    fn: Callable[..., Any] = compiled  # type: ignore[assignment]
+    return fn, captured.get("key"), captured.get("file")
 
 
 def load_fx_cached(key: str, example_inputs: Sequence[Any]) -> Callable[..., Any] | None:
@@ -258,7 +260,8 @@ def load_fx_cached(key: str, example_inputs: Sequence[Any]) -> Callable[..., Any
         )
     if graph is None:
         return None
-    return graph  # type: ignore[no-any-return]
+    out: Callable[..., Any] = graph
+    return out
 
 
 def mark_token_dim(t: torch.Tensor, dim: int) -> None:

@@ -198,7 +198,7 @@ def piece_signature(gm: torch.fx.GraphModule) -> str:
     lines: list[str] = []
 
     def ref(a: Any) -> Any:
-        return torch.fx.node.map_arg(a, lambda n: _Ref(names[n]))
+        return torch.fx.node.map_arg(a, lambda n: _Ref(names[n]))  # type: ignore[arg-type,return-value]
 
     for i, node in enumerate(gm.graph.nodes):
         names[node] = f"v{i}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -62,14 +62,14 @@ class CompileConfig:
     the field and the fix. Lists are stored as sorted, deduplicated tuples.
     """
 
-    splitting_ops: tuple[str | Callable[..., Any], ...] = ()
+    splitting_ops: Sequence[str | Callable[..., Any]] = ()
     """Ops to split at: ``"ns::op"``, ``"ns::op.overload"``, callables or
     their dotted names (``"torch.nn.functional.scaled_dot_product_attention"``)."""
-    compile_ranges_endpoints: tuple[int, ...] = ()
+    compile_ranges_endpoints: Sequence[int] = ()
     """Range ends below ``max_num_tokens``; ``[8, 32]`` gives ``[1,8] [9,32] [33,max]``."""
     max_num_tokens: int = 8192
     """End of the last range."""
-    compile_sizes: tuple[int, ...] = ()
+    compile_sizes: Sequence[int] = ()
     """Exact sizes compiled with concrete shapes; they win over ranges."""
     compiler: str | CompilerInterface = "inductor"
     """``"inductor"`` (standalone artifacts), ``"inductor-fx-cache"``,
@@ -80,7 +80,7 @@ class CompileConfig:
     """Switch every cache read and write off."""
     inductor_config: Mapping[str, Any] = field(default_factory=dict)
     """Inductor options (``torch._inductor.config`` names) used for every piece."""
-    post_grad_passes: tuple[InductorPass, ...] = ()
+    post_grad_passes: Sequence[InductorPass] = ()
     model_tag: str = "backbone"
     """Cache sub-folder; :func:`fxpiece.set_model_tag` overrides it."""
     use_inductor_graph_partition: bool = False

@@ -53,7 +53,7 @@ class SplittingOps:
             if full in self.op_names:
                 return full
             if packet in self.op_names:
-                return packet
+                return str(packet)
             return None
         if isinstance(t, torch._ops.OpOverloadPacket):
             name = t._qualified_op_name
@@ -104,7 +104,7 @@ def _resolve_op_name(name: str) -> str:
     if not isinstance(packet, torch._ops.OpOverloadPacket):
         raise ConfigError("splitting_ops", f"{name!r} is not an operator")
     if overload:
-        overloads = packet.overloads()
+        overloads: list[str] = list(packet.overloads())  # type: ignore[no-untyped-call]
         if overload not in overloads:
             raise ConfigError(
                 "splitting_ops",

@@ -80,7 +80,7 @@ class InductorPass(ABC):
         return True
 
 
-class PassManager(CustomGraphPassBase):  # type: ignore[misc]
+class PassManager(CustomGraphPassBase):
     """Runs the configured passes in order; what Inductor's
     ``post_grad_custom_post_pass`` is set to. Its uuid covers every pass's
     uuid and the compile range, so each range gets its own Inductor cache

@@ -30,7 +30,7 @@ def _subst(v: Any, sym: Any, size: int) -> int | None:
         expr = v.node.expr
         if isinstance(expr, int):
             return expr
-        expr = expr.xreplace({sym: size})
+        expr = expr.xreplace({sym: size})  # type: ignore[no-untyped-call]
         return int(expr) if getattr(expr, "is_number", False) else None
     return None
 

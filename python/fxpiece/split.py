@@ -60,7 +60,7 @@ class SplitItem:
 def _is_full_size(node: torch.fx.Node) -> bool:
     if node.op == "call_method" and node.target == "size":
         return len(node.args) == 1 and not node.kwargs
-    return (
+    return bool(
         node.op == "call_function"
         and node.target is getattr
         and len(node.args) == 2
@@ -115,7 +115,7 @@ def decompose_size_nodes(gm: torch.fx.GraphModule) -> int:
                 user.replace_all_uses_with(per_dim[user.args[1]])
                 g.erase_node(user)
             else:
-                user.replace_input_with(node, tuple(per_dim))  # type: ignore[arg-type]
+                user.replace_input_with(node, tuple(per_dim))
         if not node.users:
             g.erase_node(node)
         done += 1

@@ -84,7 +84,7 @@ class ArtifactStore:
         if _digest_of(path) != handle.get("blake3"):
             quarantine(path)
             return None
-        return path
+        return Path(path)
 
 
 def quarantine(path: Path) -> Path | None:

@@ -65,7 +65,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
+        out: torch.Tensor = (y * self.weight.float()).to(x.dtype)
+        return out
 
 
 class Layer(nn.Module):
@@ -93,7 +94,8 @@ class Layer(nn.Module):
             a = torch.ops.fxpiece_toy.attention(q, k, v)
         x = x + self.o(a)
         g, u = self.gate_up(self.norm2(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(g) * u)
+        out: torch.Tensor = x + self.down(F.silu(g) * u)
+        return out
 
 
 class ToyLlama(nn.Module):
@@ -115,4 +117,5 @@ class ToyLlama(nn.Module):
         x = self.embed(ids)
         for layer in self.layers:
             x = layer(x)
-        return self.norm(x)
+        out: torch.Tensor = self.norm(x)
+        return out

@@ -39,12 +39,9 @@ except ImportError:  # pragma: no cover - older torch
 
 
 def inductor_config_portable() -> dict[str, Any]:
-    """Inductor's config as a plain dict (only portable, serialisable keys)."""
-    cfg = torch._inductor.config
-    save = getattr(cfg, "save_config_portable", None)
-    if save is not None:
-        return dict(save())
-    return dict(cfg.get_config_copy())  # pragma: no cover
+    """Inductor's config as a plain dict (a copy; cheap: no lazy imports,
+    unlike ``save_config_portable``, which imports the autotuning stack)."""
+    return dict(torch._inductor.config.get_config_copy())
 
 
 def force_disable_caches() -> bool:

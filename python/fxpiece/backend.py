@@ -125,6 +125,7 @@ class Backend:
         self.compiler: CompilerInterface = make_compiler(self.config.compiler)
         self.stats = BackendStats()
         self._splitting = resolve_splitting_ops(self.config.splitting_ops)
+        self._inductor_options = dict(self.config.inductor_config)
         if self.config.use_inductor_graph_partition:
             if not _torch_compat.graph_partition_supported():
                 raise ConfigError(
@@ -139,6 +140,10 @@ class Backend:
                     f"{list(self._splitting.labels[len(self._splitting.op_names) :])} are "
                     "Python callables: use FX pre-split (False) or name their ops",
                 )
+            self._inductor_options.update(
+                graph_partition=True,
+                custom_should_partition_ops=sorted(self._splitting.op_names),
+            )
 
     # -- helpers -----------------------------------------------------------
     def _count(self, name: str, n: int = 1) -> None:
@@ -276,7 +281,7 @@ class Backend:
             ctx = CompileContext(
                 store=model_cache.artifacts if model_cache else None,
                 digest=digest,
-                inductor_config=cfg.inductor_config,
+                inductor_config=self._inductor_options,
                 post_grad_pass=pm,
             )
             fn = done.get(digest)

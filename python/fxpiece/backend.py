@@ -35,6 +35,7 @@ from fxpiece.context import current_model_tag
 from fxpiece.counters import Counters, counters
 from fxpiece.errors import ConfigError
 from fxpiece.hashing import hash_factors
+from fxpiece.lease import Lease, read_lease
 from fxpiece.ops import resolve_splitting_ops
 from fxpiece.passes import PassManager
 from fxpiece.piecewise import PieceRunner, concrete_inputs, token_symbol_index
@@ -65,6 +66,8 @@ class PieceStats:
     """Entries served by an identical piece compiled in this graph."""
     compile_s: float = 0.0
     load_s: float = 0.0
+    wait_s: float = 0.0
+    """Time spent waiting for another process compiling this piece."""
 
 
 @dataclass
@@ -289,10 +292,8 @@ class Backend:
                 # An identical piece (another layer) was just compiled or loaded.
                 ps.reused += 1
                 self._count("num_cache_hits")
-            if fn is None and model_cache is not None:
-                fn = self._load(it, entry, ex_args, ctx, model_cache, ps)
             if fn is None:
-                fn = self._compile(it, entry, ex_args, ctx, model_cache, ps)
+                fn = self._obtain(it, entry, ex_args, ctx, model_cache, ps)
             done[digest] = fn
             if cfg.static_graph_wrapper is not None and entry.is_single_size:
                 fn = cfg.static_graph_wrapper(fn, it.index, entry)
@@ -309,6 +310,87 @@ class Backend:
     def _index_key(self, it: SplitItem, entry: Range) -> tuple[int, int, int, str]:
         return (entry.start, entry.end, it.index, self.compiler.name)
 
+    def _obtain(
+        self,
+        it: SplitItem,
+        entry: Range,
+        args: Sequence[Any],
+        ctx: CompileContext,
+        model_cache: ModelCache | None,
+        ps: PieceStats,
+    ) -> Callable[..., Any]:
+        """Load the entry, or compile it under a single-flight lease: if
+        another process is compiling the same digest, wait for its result."""
+        if model_cache is None:
+            self._count("num_cache_misses")
+            return self._compile(it, entry, args, ctx, None, ps)
+        fn = self._load(it, entry, args, ctx, model_cache, ps)
+        if fn is not None:
+            return fn
+        lease_dir = ensure_private_dir(model_cache.root / "locks")
+        path = str(lease_dir / f"{ctx.digest}.lease")
+        lease = Lease.try_acquire(path, ttl=self.config.lease_ttl)
+        if lease is None:
+            self._count("num_cache_waits")
+            t0 = time.perf_counter()
+            lease, fn = self._wait(path, it, entry, args, ctx, model_cache, ps)
+            ps.wait_s += time.perf_counter() - t0
+            if fn is not None:
+                return fn
+        try:
+            if lease is not None:
+                # It may have been finished between our miss and our lease.
+                model_cache.index.refresh()
+                fn = self._load(it, entry, args, ctx, model_cache, ps)
+                if fn is not None:
+                    return fn
+            self._count("num_cache_misses")
+            return self._compile(it, entry, args, ctx, model_cache, ps)
+        finally:
+            if lease is not None:
+                lease.release()
+
+    def _wait(
+        self,
+        path: str,
+        it: SplitItem,
+        entry: Range,
+        args: Sequence[Any],
+        ctx: CompileContext,
+        model_cache: ModelCache,
+        ps: PieceStats,
+    ) -> tuple[Lease | None, Callable[..., Any] | None]:
+        """Wait for the lease holder's result; take the lease over if its
+        holder died (dead pid here, or lease not renewed in its ttl)."""
+        ttl = self.config.lease_ttl
+        deadline = time.monotonic() + self.config.lock_timeout
+        delay = 0.05
+        while True:
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+            model_cache.index.refresh()
+            fn = self._load(it, entry, args, ctx, model_cache, ps)
+            if fn is not None:
+                return None, fn
+            info = read_lease(path)
+            if info is None:
+                lease = Lease.try_acquire(path, ttl=ttl)
+            elif Lease.is_stale(info):
+                lease = Lease.take_over(path, info, ttl=ttl)
+            else:
+                lease = None
+            if lease is not None:
+                return lease, None
+            if time.monotonic() > deadline:
+                _log.warning(
+                    "fxpiece: waited %.0f s for another process compiling piece %d %s; "
+                    "compiling it here too",
+                    self.config.lock_timeout,
+                    it.index,
+                    entry,
+                )
+                return None, None
+
     def _load(
         self,
         it: SplitItem,
@@ -320,12 +402,10 @@ class Backend:
     ) -> Callable[..., Any] | None:
         value = model_cache.index.get(self._index_key(it, entry))
         if not isinstance(value, dict) or value.get("digest") != ctx.digest:
-            self._count("num_cache_misses")
             return None
         t0 = time.perf_counter()
         fn = self.compiler.load(value.get("handle"), it.graph, args, entry, ctx, model_cache.root)
         if fn is None:
-            self._count("num_cache_misses")
             self._count("num_corrupt_artifacts")
             _log.warning(
                 "fxpiece: cached artifact for piece %d %s is missing or corrupt; recompiling",

@@ -87,6 +87,12 @@ class CompileConfig:
     """No FX pre-split: Inductor partitions at the splitting ops (if supported)."""
     strict: bool = False
     """A token count outside every range raises instead of running uncompiled."""
+    lock_timeout: float = 900.0
+    """Seconds to wait for another process compiling the same piece before
+    compiling it here too."""
+    lease_ttl: float = 30.0
+    """A compile lease not renewed for this long (its holder's host is gone)
+    may be taken over; a dead holder on this host is taken over at once."""
     static_graph_wrapper: Callable[..., Any] | None = None
     """Per-piece wrapper factory ``wrapper(fn, piece_index, entry) -> callable``
     (CUDA graphs on GPU); see :mod:`fxpiece.wrappers`."""
@@ -146,6 +152,10 @@ class CompileConfig:
         for name in ("disable_cache", "use_inductor_graph_partition", "strict"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
+        for name in ("lock_timeout", "lease_ttl"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+                raise ConfigError(name, f"must be a number of seconds > 0, got {v!r}")
         if self.static_graph_wrapper is not None and not callable(self.static_graph_wrapper):
             raise ConfigError("static_graph_wrapper", "must be a callable (a class or factory)")
         # Resolve op names now so a typo fails here, not at compile time.

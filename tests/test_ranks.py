@@ -1,0 +1,220 @@
+"""Multi-process startup: identical pieces compile once, single-flight leases."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import fxpiece
+from fxpiece.lease import Lease, read_lease
+from fxpiece.toy_llama import ATTENTION_OP, ToyLlama, ToyLlamaConfig
+
+RANK_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time, torch, fxpiece
+    from fxpiece.toy_llama import ToyLlama, ToyLlamaConfig
+    from fxpiece.compilers import EagerCompiler
+
+    class SlowEager(EagerCompiler):
+        # Same name and hash as "eager": the same digests. Sleeps in compile when asked.
+        def compile(self, graph, example_inputs, entry, ctx):
+            if os.environ.get("SLOW_COMPILE"):
+                print("compiling", flush=True)
+                time.sleep(float(os.environ["SLOW_COMPILE"]))
+            return super().compile(graph, example_inputs, entry, ctx)
+
+    cache, compiler, layers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    m = ToyLlama(ToyLlamaConfig(num_layers=layers)).eval()
+    cfg = fxpiece.CompileConfig(
+        splitting_ops=["fxpiece_toy::attention"], max_num_tokens=64, cache_dir=cache,
+        compiler=SlowEager() if compiler == "slow-eager" else compiler,
+        lease_ttl=float(os.environ.get("LEASE_TTL", "30")),
+        lock_timeout=float(os.environ.get("LOCK_TIMEOUT", "600")),
+    )
+    if os.environ.get("GO_FILE"):
+        while not os.path.exists(os.environ["GO_FILE"]):
+            time.sleep(0.01)
+    cm = fxpiece.compile(m, cfg)
+    ids = torch.arange(5)
+    with torch.no_grad():
+        out = cm(ids)
+        ok = torch.allclose(out, m(ids), atol=1e-4)
+    c = fxpiece.counters.snapshot()
+    c["ok"] = bool(ok)
+    c["wait_s"] = sum(p.wait_s for p in cm.stats.graphs[0].pieces)
+    print(json.dumps(c), flush=True)
+    """
+)
+
+
+def _spawn(
+    tmp_path: Path, cache: Path, compiler: str, layers: int, **env: str
+) -> subprocess.Popen[str]:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(cache), compiler, str(layers)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
+
+
+def _result(p: subprocess.Popen[str], timeout: float = 240) -> dict[str, float]:
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err[-3000:]
+    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def test_identical_layers_compile_once_per_entry() -> None:
+    m = ToyLlama(ToyLlamaConfig(num_layers=4)).eval()
+    cfg = fxpiece.CompileConfig(
+        splitting_ops=[ATTENTION_OP],
+        compile_ranges_endpoints=[8],
+        max_num_tokens=64,
+        compile_sizes=[4],
+        compiler="inductor",
+        disable_cache=True,
+    )
+    entries = len(cfg.compile_entries)
+    cm = fxpiece.compile(m, cfg)
+    # 9 pieces, 5 compiled: first, 3 identical middles, last -> 3 distinct.
+    with fxpiece.counters.expect(
+        num_piecewise_capturable_graphs_seen=5,
+        num_backend_compilations=5 * entries,
+        num_inductor_compiles=3 * entries,
+        num_cache_hits=2 * entries,
+    ):
+        with torch.no_grad():
+            for n in (1, 4, 9):
+                ids = torch.arange(n)
+                torch.testing.assert_close(cm(ids), m(ids), atol=1e-4, rtol=1e-4)
+    reused = [p.reused for p in cm.stats.graphs[0].pieces if not p.is_splitting_graph]
+    assert reused == [0, 0, entries, entries, 0]
+
+
+@pytest.mark.slow
+def test_four_processes_compile_each_piece_once(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    go = tmp_path / "go"
+    procs = [
+        _spawn(tmp_path, cache, "inductor", 1, GO_FILE=str(go), OMP_NUM_THREADS="1")
+        for _ in range(4)
+    ]
+    time.sleep(0.5)
+    go.touch()
+    results = [_result(p) for p in procs]
+    assert all(r["ok"] for r in results)
+    # One process alone: 2 distinct pieces x 1 range.
+    assert sum(r["num_inductor_compiles"] for r in results) == 2
+    assert sum(r["num_cache_hits"] for r in results) == 3 * 2
+    assert sum(r["num_cache_waits"] for r in results) >= 1
+    folders = list((cache / "models").glob("*/*/index"))
+    assert len(folders) == 1, folders
+    report = fxpiece.verify_index(str(folders[0]))
+    assert report.ok and report.good_files >= 1
+    assert not list((cache / "locks").iterdir()), "leases are released"
+
+
+def test_killed_compiler_is_taken_over(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    holder = _spawn(tmp_path, cache, "slow-eager", 0, SLOW_COMPILE="120")
+    # Wait until the holder is inside compile (it holds the lease).
+    assert holder.stdout is not None
+    line = holder.stdout.readline()
+    assert line.strip() == "compiling", holder.stderr.read() if holder.stderr else ""
+    leases = list((cache / "locks").glob("*.lease"))
+    assert len(leases) == 1
+    waiter = _spawn(tmp_path, cache, "slow-eager", 0)
+    time.sleep(3)  # the waiter is waiting on the lease
+    assert waiter.poll() is None
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    r = _result(waiter, timeout=120)
+    assert r["ok"]
+    assert r["num_cache_waits"] == 1
+    assert r["num_eager_compiles"] == 1  # it took over and compiled
+    assert not list((cache / "locks").glob("*.lease"))
+    assert not list(cache.rglob(".tmp-*"))
+
+
+def test_foreign_lease_respected_while_fresh_taken_over_when_expired(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    # Find the lease path: run once to learn the digest, then clear the index.
+    first = _result(_spawn(tmp_path, cache, "eager", 0))
+    assert first["num_eager_compiles"] == 1
+    index_files = list((cache / "models").glob("*/*/index"))
+    digest = json.loads(json.dumps(fxpiece.CacheIndex(str(index_files[0])).entries()[0][1]))[
+        "digest"
+    ]
+    for f in index_files:
+        for child in f.iterdir():
+            child.unlink()
+    lease = cache / "locks" / f"{digest}.lease"
+    body = {"host": "another-host", "pid": 1, "token": "feedfacefeedface", "ttl": 3.0}
+    lease.write_text(json.dumps(body))
+    # Fresh foreign lease: the process waits (renew it meanwhile) and gives up
+    # only at its lock timeout.
+    p = _spawn(tmp_path, cache, "eager", 0, LOCK_TIMEOUT="4", LEASE_TTL="3")
+    t_end = time.monotonic() + 60
+    while p.poll() is None and time.monotonic() < t_end:
+        os.utime(lease, None)
+        time.sleep(0.2)
+    r = _result(p)
+    assert r["num_cache_waits"] == 1
+    assert r["wait_s"] >= 3.5, r
+    assert read_lease(str(lease)) is not None, "a live foreign lease is never broken"
+    # Expired foreign lease (not renewed for > ttl): taken over quickly.
+    for f in index_files:
+        for child in f.iterdir():
+            child.unlink()
+    old = time.time() - 60
+    os.utime(lease, (old, old))
+    r = _result(_spawn(tmp_path, cache, "eager", 0, LOCK_TIMEOUT="600", LEASE_TTL="3"))
+    assert r["num_eager_compiles"] == 1
+    assert r["wait_s"] < 30
+    assert not lease.exists()
+
+
+def test_lease_rules(tmp_path: Path) -> None:
+    p = str(tmp_path / "x.lease")
+    a = Lease.try_acquire(p, host="h1", ttl=0.3)
+    assert a is not None
+    assert Lease.try_acquire(p, host="h2") is None
+    info = read_lease(p)
+    assert info is not None and info.host == "h1" and info.pid == os.getpid()
+    time.sleep(0.5)
+    # The heartbeat renews it: still fresh after more than its ttl.
+    info = read_lease(p)
+    assert info is not None and not Lease.is_stale(info, host="h2")
+    a.release()
+    assert not os.path.exists(p)
+    # A lease of a dead pid on this host is stale at once.
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    Path(p).write_text(
+        json.dumps({"host": "h1", "pid": int(dead.stdout), "token": "t", "ttl": 999})
+    )
+    info = read_lease(p)
+    assert info is not None and Lease.is_stale(info, host="h1")
+    assert not Lease.is_stale(info, host="other-host")
+    b = Lease.take_over(p, info, host="h1")
+    assert b is not None and read_lease(p) is not None
+    # Taking over a lease that changed since it was seen fails.
+    assert Lease.take_over(p, info, host="h1") is None
+    b.release()

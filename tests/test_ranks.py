@@ -90,16 +90,18 @@ def test_identical_layers_compile_once_per_entry() -> None:
     entries = len(cfg.compile_entries)
     cm = fxpiece.compile(m, cfg)
     # 9 pieces, 5 compiled: first, 3 identical middles, last -> 3 distinct.
-    with fxpiece.counters.expect(
-        num_piecewise_capturable_graphs_seen=5,
-        num_backend_compilations=5 * entries,
-        num_inductor_compiles=3 * entries,
-        num_cache_hits=2 * entries,
+    with (
+        fxpiece.counters.expect(
+            num_piecewise_capturable_graphs_seen=5,
+            num_backend_compilations=5 * entries,
+            num_inductor_compiles=3 * entries,
+            num_cache_hits=2 * entries,
+        ),
+        torch.no_grad(),
     ):
-        with torch.no_grad():
-            for n in (1, 4, 9):
-                ids = torch.arange(n)
-                torch.testing.assert_close(cm(ids), m(ids), atol=1e-4, rtol=1e-4)
+        for n in (1, 4, 9):
+            ids = torch.arange(n)
+            torch.testing.assert_close(cm(ids), m(ids), atol=1e-4, rtol=1e-4)
     reused = [p.reused for p in cm.stats.graphs[0].pieces if not p.is_splitting_graph]
     assert reused == [0, 0, entries, entries, 0]
 

@@ -43,7 +43,15 @@ from fxpiece.ranges import Range
 from fxpiece.split import SplitItem, split_graph
 from fxpiece.store import ModelCache, ensure_private_dir
 
-__all__ = ["Backend", "BackendStats", "GraphStats", "PieceStats", "entry_point"]
+__all__ = [
+    "Backend",
+    "BackendStats",
+    "GraphStats",
+    "PiecePlan",
+    "PieceStats",
+    "Work",
+    "entry_point",
+]
 
 _log = logging.getLogger("fxpiece")
 
@@ -92,6 +100,24 @@ class GraphStats:
     @property
     def num_compiled_pieces(self) -> int:
         return sum(1 for p in self.pieces if not p.is_splitting_graph)
+
+
+@dataclass(frozen=True)
+class Work:
+    """One (piece, entry) to load or compile."""
+
+    item: SplitItem
+    entry: Range
+    args: Sequence[Any]
+    ctx: CompileContext
+    stats: PieceStats
+
+
+@dataclass(frozen=True)
+class PiecePlan:
+    item: SplitItem
+    sym_index: int | None
+    work: tuple[Work, ...]
 
 
 @dataclass
@@ -222,16 +248,19 @@ class Backend:
                 "partition": cfg.use_inductor_graph_partition,
             }
         )
+        plans = [
+            self._plan_piece(it, piece_args[it.name], gstats.pieces[it.index], model_cache, shared)
+            for it in compiled_items
+        ]
         done: dict[str, Callable[..., Any]] = {}
         inductor_dir = str(root / "inductor") if root is not None else None
         with _torch_compat.inductor_cache_dir(inductor_dir):
-            for it in compiled_items:
-                runner = self._build_piece(
-                    it, piece_args[it.name], gstats.pieces[it.index], model_cache, shared, done
-                )
+            self.before_build([w for p in plans for w in p.work], model_cache)
+            for plan in plans:
+                runner = self._build_piece(plan, model_cache, done)
                 gstats.runners.append(runner)
                 # Not a submodule assignment: the runner is not an nn.Module.
-                split_gm.__dict__[it.name] = runner
+                split_gm.__dict__[plan.item.name] = runner
         gstats.compile_s = sum(p.compile_s for p in gstats.pieces)
         gstats.load_s = sum(p.load_s for p in gstats.pieces)
         gstats.total_s = time.perf_counter() - t_start
@@ -244,23 +273,21 @@ class Backend:
             return None, (Range(1, self.config.max_num_tokens),)
         return sym_index, self.config.compile_entries
 
-    def _build_piece(
+    def _plan_piece(
         self,
         it: SplitItem,
         args: Sequence[Any],
         ps: PieceStats,
         model_cache: ModelCache | None,
         shared: str,
-        done: dict[str, Callable[..., Any]],
-    ) -> PieceRunner:
+    ) -> PiecePlan:
+        """Every entry of one piece with its example inputs and digest."""
         cfg = self.config
         sym_index, entries = self._entries_for(args)
         signature = piece_signature(it.graph)
         meta = [input_meta(a) for a in args]
-        built: list[tuple[Range, Callable[..., Any]]] = []
+        work: list[Work] = []
         for entry in entries:
-            self._count("num_backend_compilations")
-            ps.entries.append(str(entry))
             concrete = entry.is_single_size and sym_index is not None
             ex_args: Sequence[Any] = args
             if concrete:
@@ -287,22 +314,41 @@ class Backend:
                 inductor_config=self._inductor_options,
                 post_grad_pass=pm,
             )
-            fn = done.get(digest)
+            work.append(Work(it, entry, ex_args, ctx, ps))
+        return PiecePlan(it, sym_index, tuple(work))
+
+    def before_build(self, work: Sequence[Work], model_cache: ModelCache | None) -> None:
+        """Hook run after planning, before any entry is loaded or compiled
+        (:mod:`fxpiece.distributed` uses it to share artifacts between ranks)."""
+
+    def _build_piece(
+        self,
+        plan: PiecePlan,
+        model_cache: ModelCache | None,
+        done: dict[str, Callable[..., Any]],
+    ) -> PieceRunner:
+        cfg = self.config
+        it = plan.item
+        built: list[tuple[Range, Callable[..., Any]]] = []
+        for w in plan.work:
+            self._count("num_backend_compilations")
+            w.stats.entries.append(str(w.entry))
+            fn = done.get(w.ctx.digest)
             if fn is not None:
                 # An identical piece (another layer) was just compiled or loaded.
-                ps.reused += 1
+                w.stats.reused += 1
                 self._count("num_cache_hits")
             if fn is None:
-                fn = self._obtain(it, entry, ex_args, ctx, model_cache, ps)
-            done[digest] = fn
-            if cfg.static_graph_wrapper is not None and entry.is_single_size:
-                fn = cfg.static_graph_wrapper(fn, it.index, entry)
-            built.append((entry, fn))
+                fn = self._obtain(it, w.entry, w.args, w.ctx, model_cache, w.stats)
+            done[w.ctx.digest] = fn
+            if cfg.static_graph_wrapper is not None and w.entry.is_single_size:
+                fn = cfg.static_graph_wrapper(fn, it.index, w.entry)
+            built.append((w.entry, fn))
         return PieceRunner(
             index=it.index,
             graph=it.graph,
             entries=built,
-            sym_index=sym_index,
+            sym_index=plan.sym_index,
             strict=cfg.strict,
             counters=(counters, self.stats.counters),
         )

@@ -66,13 +66,15 @@ def compile(
     model: Callable[..., Any],
     config: CompileConfig | None = None,
     dynamic_arg_dims: DynamicArgDims | None = None,
+    backend_cls: type[Backend] = Backend,
 ) -> CompiledModel:
     """Compile ``model`` piecewise.
 
     ``dynamic_arg_dims`` maps argument positions (or keyword names) to the
     dims that vary with the token count; by default dim 0 of every tensor
     argument. Those dims are marked dynamic on every call, so one graph serves
-    every token count.
+    every token count. ``backend_cls`` chooses the backend class (e.g.
+    :class:`fxpiece.distributed.DistributedBackend`).
 
     >>> import torch, fxpiece
     >>> m = fxpiece.compile(torch.nn.Linear(4, 4), fxpiece.CompileConfig(compiler="eager",
@@ -80,4 +82,4 @@ def compile(
     >>> m(torch.ones(3, 4)).shape
     torch.Size([3, 4])
     """
-    return CompiledModel(model, Backend(config), dynamic_arg_dims)
+    return CompiledModel(model, backend_cls(config), dynamic_arg_dims)

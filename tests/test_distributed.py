@@ -1,0 +1,102 @@
+"""fxpiece.distributed: ranks without a shared cache compile each piece once."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+RANK = textwrap.dedent(
+    """
+    import json, os, sys, torch, torch.distributed as dist, fxpiece
+    from fxpiece.distributed import DistributedBackend
+    from fxpiece.toy_llama import ToyLlama, ToyLlamaConfig
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    cache = os.path.join(sys.argv[1], f"rank{rank}")   # private: no shared file system
+    m = ToyLlama(ToyLlamaConfig(num_layers=1)).eval()
+    cfg = fxpiece.CompileConfig(
+        splitting_ops=["fxpiece_toy::attention"], compile_ranges_endpoints=[8],
+        max_num_tokens=64, compiler=sys.argv[2], cache_dir=cache,
+    )
+    cm = fxpiece.compile(m, cfg, backend_cls=DistributedBackend)
+    ids = torch.arange(5)
+    with torch.no_grad():
+        ok = torch.allclose(cm(ids), m(ids), atol=1e-4)
+    c = fxpiece.counters.snapshot()
+    c.update(ok=bool(ok), shared_in=cm.backend.shared_in, rank=rank)
+    print(json.dumps(c), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run_job(tmp_path: Path, world: int, compiler: str) -> list[dict[str, int]]:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    port = _free_port()
+    procs = []
+    for r in range(world):
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(r),
+            "WORLD_SIZE": str(world),
+            "OMP_NUM_THREADS": "1",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), str(tmp_path / "caches"), compiler],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        )
+    out = []
+    for p in procs:
+        o, e = p.communicate(timeout=300)
+        assert p.returncode == 0, e[-3000:]
+        out.append(json.loads(o.strip().splitlines()[-1]))
+    return out
+
+
+@pytest.mark.slow
+def test_each_unique_piece_compiled_by_one_rank_then_all_warm(tmp_path: Path) -> None:
+    world = 2
+    # 1 layer: 2 distinct compiled pieces x 2 ranges = 4 unique digests.
+    cold = _run_job(tmp_path, world, "inductor")
+    assert all(r["ok"] for r in cold)
+    assert sum(r["num_inductor_compiles"] for r in cold) == 4
+    assert all(r["num_inductor_compiles"] == 2 for r in cold), "work is spread over ranks"
+    # Each rank received what the other compiled and loaded everything.
+    assert all(r["shared_in"] == 2 for r in cold)
+    assert all(r["num_cache_hits"] == 4 for r in cold)
+    for r in range(world):
+        assert list((tmp_path / "caches" / f"rank{r}" / "artifacts").rglob("*"))
+    warm = _run_job(tmp_path, world, "inductor")
+    assert all(r["ok"] for r in warm)
+    assert sum(r["num_inductor_compiles"] for r in warm) == 0
+    assert all(r["shared_in"] == 0 and r["num_cache_hits"] == 4 for r in warm)
+
+
+def test_eager_handles_are_shared_too(tmp_path: Path) -> None:
+    cold = _run_job(tmp_path, 2, "eager")
+    assert all(r["ok"] for r in cold)
+    assert sum(r["num_eager_compiles"] for r in cold) == 4
+    warm = _run_job(tmp_path, 2, "eager")
+    assert sum(r["num_eager_compiles"] for r in warm) == 0

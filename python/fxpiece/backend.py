@@ -198,15 +198,20 @@ class Backend:
         factors: KeyFactors | None = None
         model_cache: ModelCache | None = None
         root: Path | None = None
+        inductor_dir: str | None = None
         if cache_on:
-            factors = make_key_factors(
-                cfg,
-                self.compiler.compute_hash(),
-                gm,
-                fake_args,
-                _torch_compat.traced_files(),
-            )
             root = ensure_private_dir(cfg.resolved_cache_dir())
+            inductor_dir = str(root / "inductor")
+        if cache_on and root is not None:
+            # Inside the cache: the key's ISA probe compiles test programs.
+            with _torch_compat.inductor_cache_dir(inductor_dir):
+                factors = make_key_factors(
+                    cfg,
+                    self.compiler.compute_hash(),
+                    gm,
+                    fake_args,
+                    _torch_compat.traced_files(),
+                )
             model_cache = ModelCache(root, factors.key, model_tag)
             model_cache.write_factors(factors.as_dict())
         key_s = time.perf_counter() - t0
@@ -253,7 +258,6 @@ class Backend:
             for it in compiled_items
         ]
         done: dict[str, Callable[..., Any]] = {}
-        inductor_dir = str(root / "inductor") if root is not None else None
         with _torch_compat.inductor_cache_dir(inductor_dir):
             self.before_build([w for p in plans for w in p.work], model_cache)
             for plan in plans:

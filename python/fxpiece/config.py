@@ -13,6 +13,7 @@ fxpiece.errors.ConfigError: max_num_tokens: must be an int >= 1, got 0
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,7 +79,7 @@ class CompileConfig:
     """Cache root; ``None`` means ``~/.cache/fxpiece`` (see :meth:`from_env`)."""
     disable_cache: bool = False
     """Switch every cache read and write off."""
-    inductor_config: Mapping[str, Any] = field(default_factory=dict)
+    inductor_config: Mapping[str, Any] = field(default_factory=dict, hash=False)
     """Inductor options (``torch._inductor.config`` names) used for every piece."""
     post_grad_passes: Sequence[InductorPass] = ()
     model_tag: str = "backbone"
@@ -140,6 +141,19 @@ class CompileConfig:
         bad = [k for k in self.inductor_config if not isinstance(k, str)]
         if bad:
             raise ConfigError("inductor_config", f"keys must be str, got {bad!r}")
+        import torch._inductor.config as inductor_cfg
+
+        known = inductor_cfg.get_config_copy()
+        unknown = [k for k in self.inductor_config if k not in known]
+        if unknown:
+            near = {k: difflib.get_close_matches(k, list(known), n=3) for k in unknown}
+            hints = "; ".join(
+                f"{k!r}" + (f" (did you mean {', '.join(map(repr, m))}?)" if m else "")
+                for k, m in near.items()
+            )
+            raise ConfigError(
+                "inductor_config", f"unknown torch._inductor.config option(s): {hints}"
+            )
         put("inductor_config", MappingProxyType(dict(self.inductor_config)))
         passes = tuple(self.post_grad_passes)
         for p in passes:

@@ -86,7 +86,8 @@ def decompose_size_nodes(gm: torch.fx.GraphModule) -> int:
     """Replace each ``x.size()`` / ``x.shape`` whose value is known from node
     metadata by per-dimension ``x.size(i)`` nodes (static dimensions become
     int literals). ``size[i]`` uses get the single dimension; other uses get a
-    tuple. Returns how many size nodes were replaced."""
+    tuple. Without metadata, each user gets its own ``x.size()`` call placed
+    right before it. Returns how many size nodes were replaced."""
     g = gm.graph
     done = 0
     for node in list(g.nodes):
@@ -94,7 +95,18 @@ def decompose_size_nodes(gm: torch.fx.GraphModule) -> int:
             continue
         dims = _dim_sizes(node)
         src = node.args[0]
-        if dims is None or not isinstance(src, torch.fx.Node):
+        if not isinstance(src, torch.fx.Node):
+            continue
+        if dims is None:
+            # No shape metadata (e.g. a symbolic_trace graph): give every
+            # user its own size() call right before it, so the tensor, not
+            # the torch.Size, is what crosses a piece boundary.
+            for user in list(node.users):
+                with g.inserting_before(user):
+                    dup = g.call_method("size", (src,))
+                user.replace_input_with(node, dup)
+            g.erase_node(node)
+            done += 1
             continue
         per_dim: list[Any] = []
         with g.inserting_after(node):

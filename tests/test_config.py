@@ -1,0 +1,405 @@
+"""CompileConfig validation and from_env, Range semantics, model tags, counters."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import fxpiece
+from fxpiece import CompileConfig, ConfigError, Counters, Range
+from fxpiece.context import current_model_tag, set_model_tag
+from fxpiece.ranges import choose_entry, compile_entries, ranges_from_endpoints
+from fxpiece.toy_llama import ATTENTION_OP
+
+SDPA = "torch.nn.functional.scaled_dot_product_attention"
+
+
+class NopPass(fxpiece.InductorPass):
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        pass
+
+
+# -- validation ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("splitting_ops", ["aten::no_such_op_xyz"]),
+        ("splitting_ops", ["torch.nn.functional.no_such_fn"]),
+        ("splitting_ops", [42]),
+        ("compile_ranges_endpoints", [0]),
+        ("compile_ranges_endpoints", [-8]),
+        ("compile_ranges_endpoints", ["8"]),
+        ("compile_ranges_endpoints", [8.0]),
+        ("compile_ranges_endpoints", [True]),
+        ("compile_ranges_endpoints", 8),
+        ("compile_ranges_endpoints", "8,32"),
+        ("compile_sizes", [0]),
+        ("compile_sizes", [16, None]),
+        ("compile_sizes", 16),
+        ("compile_sizes", [9000]),  # above max_num_tokens (8192)
+        ("max_num_tokens", 0),
+        ("max_num_tokens", -1),
+        ("max_num_tokens", "8192"),
+        ("max_num_tokens", 8192.0),
+        ("max_num_tokens", True),
+        ("compiler", "tvm"),
+        ("compiler", "Inductor"),
+        ("compiler", 42),
+        ("compiler", object()),
+        ("cache_dir", ""),
+        ("cache_dir", 42),
+        ("inductor_config", [("max_autotune", True)]),
+        ("inductor_config", {1: True}),
+        ("post_grad_passes", [lambda g: None]),
+        ("post_grad_passes", [NopPass]),  # the class, not an instance
+        ("model_tag", "../x"),
+        ("model_tag", "a/b"),
+        ("model_tag", ".hidden"),
+        ("model_tag", ""),
+        ("model_tag", ".."),
+        ("model_tag", "x" * 200),
+        ("disable_cache", "yes"),
+        ("disable_cache", 1),
+        ("use_inductor_graph_partition", None),
+        ("strict", "true"),
+        ("static_graph_wrapper", 42),
+    ],
+)
+def test_bad_field_raises_config_error_naming_it(field: str, value: Any) -> None:
+    with pytest.raises(ConfigError) as ei:
+        CompileConfig(**{field: value})
+    assert isinstance(ei.value, ValueError)
+    assert ei.value.field == field
+    assert str(ei.value).startswith(f"{field}: ")
+    assert len(str(ei.value)) > len(field) + 10  # says what is wrong / how to fix it
+
+
+def test_compile_sizes_above_max_message_names_the_fix() -> None:
+    with pytest.raises(ConfigError, match="max_num_tokens") as ei:
+        CompileConfig(compile_sizes=[16, 64], max_num_tokens=32)
+    assert ei.value.field == "compile_sizes"
+    assert "[64]" in str(ei.value)
+    assert CompileConfig(compile_sizes=[32], max_num_tokens=32).compile_sizes == (32,)
+
+
+def test_unknown_inductor_option_is_rejected() -> None:
+    assert not hasattr(torch._inductor.config, "max_autotun")
+    with pytest.raises(ConfigError) as ei:
+        CompileConfig(inductor_config={"max_autotun": True})
+    assert ei.value.field == "inductor_config"
+    assert "max_autotune" in str(ei.value), "close matches are listed"
+
+
+def test_good_values_are_accepted() -> None:
+    cfg = CompileConfig(
+        splitting_ops=[ATTENTION_OP, "aten::mm.default", SDPA, torch.sin],
+        compile_ranges_endpoints=[8],
+        compile_sizes=[4],
+        max_num_tokens=64,
+        compiler="eager",
+        cache_dir=Path("/tmp/somewhere"),
+        disable_cache=True,
+        inductor_config={"max_autotune": False},
+        post_grad_passes=[NopPass()],
+        model_tag="enc-1.v2+x_y",
+        strict=True,
+        static_graph_wrapper=lambda fn, i, e: fn,
+    )
+    assert cfg.cache_dir == "/tmp/somewhere"
+    assert cfg.resolved_cache_dir() == Path("/tmp/somewhere")
+    assert cfg.compiler_name == "eager"
+    for name in ("inductor", "inductor-fx-cache", "eager"):
+        assert CompileConfig(compiler=name).compiler_name == name
+
+
+def test_frozen_and_keyword_only() -> None:
+    cfg = CompileConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.max_num_tokens = 5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        CompileConfig(("aten::mm",))  # type: ignore[misc]
+    opts = {"max_autotune": False}
+    cfg = CompileConfig(inductor_config=opts)
+    opts["max_autotune"] = True  # the caller's dict is copied
+    assert cfg.inductor_config["max_autotune"] is False
+    with pytest.raises(TypeError):
+        cfg.inductor_config["max_autotune"] = True  # type: ignore[index]
+
+
+def test_replace_revalidates() -> None:
+    cfg = CompileConfig(max_num_tokens=64)
+    assert cfg.replace(max_num_tokens=128).max_num_tokens == 128
+    assert cfg.max_num_tokens == 64
+    with pytest.raises(ConfigError) as ei:
+        cfg.replace(max_num_tokens=0)
+    assert ei.value.field == "max_num_tokens"
+
+
+def test_lists_become_sorted_deduplicated_tuples() -> None:
+    p = NopPass()
+    cfg = CompileConfig(
+        compile_ranges_endpoints=[32, 8, 32, 16],
+        compile_sizes=[64, 16, 16, 1],
+        max_num_tokens=128,
+        splitting_ops=[ATTENTION_OP],
+        post_grad_passes=[p],
+    )
+    assert cfg.compile_ranges_endpoints == (8, 16, 32)
+    assert cfg.compile_sizes == (1, 16, 64)
+    assert cfg.splitting_ops == (ATTENTION_OP,)
+    assert cfg.post_grad_passes == (p,)
+    for name in ("compile_ranges_endpoints", "compile_sizes", "splitting_ops", "post_grad_passes"):
+        assert type(getattr(cfg, name)) is tuple, name
+    one = CompileConfig(splitting_ops=ATTENTION_OP)  # a lone string is one op
+    assert one.splitting_ops == (ATTENTION_OP,)
+    gen = CompileConfig(compile_sizes=(s for s in [8, 4, 8]))
+    assert gen.compile_sizes == (4, 8)
+
+
+def test_defaults() -> None:
+    cfg = CompileConfig()
+    assert cfg.compiler == "inductor"
+    assert cfg.model_tag == "backbone"
+    assert cfg.max_num_tokens == 8192
+    assert cfg.splitting_ops == ()
+    assert cfg.cache_dir is None
+    assert cfg.resolved_cache_dir() == Path.home() / ".cache" / "fxpiece"
+    assert not cfg.disable_cache and not cfg.strict and not cfg.use_inductor_graph_partition
+    assert cfg.compile_ranges == (Range(1, 8192),)
+
+
+# -- ranges --------------------------------------------------------------------
+
+
+def test_ranges_from_endpoints() -> None:
+    want = (Range(1, 8), Range(9, 32), Range(33, 8192))
+    cfg = CompileConfig(compile_ranges_endpoints=[32, 8], max_num_tokens=8192)
+    assert cfg.compile_ranges == want
+    assert ranges_from_endpoints([8, 32], 8192) == want
+    assert ranges_from_endpoints([8, 32, 8192, 9000], 8192) == want  # ends >= max dropped
+    assert ranges_from_endpoints([], 100) == (Range(1, 100),)
+    assert ranges_from_endpoints([1], 4) == (Range(1, 1), Range(2, 4))
+    assert [str(r) for r in want] == ["[1,8]", "[9,32]", "[33,8192]"]
+
+
+def test_range_semantics() -> None:
+    r = Range(9, 32)
+    assert 9 in r and 32 in r and 20 in r
+    assert 8 not in r and 33 not in r
+    assert "10" not in r
+    assert not r.is_single_size
+    s = Range(16, 16)
+    assert s.is_single_size and 16 in s and 15 not in s and 17 not in s
+    assert str(s) == "16" and repr(s) == "Range(16, 16)"
+    assert Range(1, 8) < Range(9, 32)
+    assert Range(3, 3) == Range(3, 3) and hash(Range(3, 3)) == hash(Range(3, 3))
+    for bad in [(0, 3), (5, 4), (-1, 1), (1.0, 2), (1, "2")]:
+        with pytest.raises(ConfigError) as ei:
+            Range(*bad)  # type: ignore[arg-type]
+        assert ei.value.field == "Range"
+
+
+def test_compile_entries_ranges_then_new_sizes() -> None:
+    cfg = CompileConfig(
+        compile_ranges_endpoints=[8, 32], compile_sizes=[64, 16], max_num_tokens=128
+    )
+    assert cfg.compile_entries == (
+        Range(1, 8),
+        Range(9, 32),
+        Range(33, 128),
+        Range(16, 16),
+        Range(64, 64),
+    )
+    # A size that already is a single-size range is not compiled twice.
+    ranges = ranges_from_endpoints([1], 32)
+    assert compile_entries(ranges, [1, 4]) == (Range(1, 1), Range(2, 32), Range(4, 4))
+
+
+@pytest.mark.parametrize(
+    ("size", "want"),
+    [
+        (1, Range(1, 8)),
+        (8, Range(1, 8)),
+        (9, Range(9, 32)),
+        (16, Range(16, 16)),
+        (20, Range(9, 32)),
+        (64, Range(64, 64)),
+        (100, Range(33, 128)),
+        (128, Range(33, 128)),
+        (129, None),
+        (0, None),
+    ],
+)
+def test_choose_entry_exact_size_wins(size: int, want: Range | None) -> None:
+    cfg = CompileConfig(
+        compile_ranges_endpoints=[8, 32], compile_sizes=[16, 64], max_num_tokens=128
+    )
+    assert choose_entry(cfg.compile_entries, size) == want
+    # Order of entries does not matter for the exact-size rule.
+    assert choose_entry(tuple(reversed(cfg.compile_entries)), size) == want
+
+
+# -- from_env ------------------------------------------------------------------
+
+
+def test_from_env_reads_every_variable(tmp_path: Path) -> None:
+    env = {
+        "FXPIECE_CACHE_ROOT": str(tmp_path / "c"),
+        "FXPIECE_DISABLE_CACHE": "1",
+        "FXPIECE_COMPILER": "eager",
+        "FXPIECE_SPLITTING_OPS": f" {ATTENTION_OP} , {SDPA},",
+        "FXPIECE_COMPILE_SIZES": "16, 4,16",
+        "FXPIECE_COMPILE_RANGES_ENDPOINTS": "32,8",
+        "FXPIECE_MAX_NUM_TOKENS": "128",
+        "FXPIECE_MODEL_TAG": "encoder",
+        "FXPIECE_STRICT": "yes",
+        "UNRELATED": "x",
+    }
+    cfg = CompileConfig.from_env(env)
+    assert cfg.cache_dir == str(tmp_path / "c")
+    assert cfg.resolved_cache_dir() == tmp_path / "c"
+    assert cfg.disable_cache is True
+    assert cfg.compiler == "eager"
+    assert cfg.splitting_ops == (ATTENTION_OP, SDPA)
+    assert cfg.compile_sizes == (4, 16)
+    assert cfg.compile_ranges_endpoints == (8, 32)
+    assert cfg.max_num_tokens == 128
+    assert cfg.model_tag == "encoder"
+    assert cfg.strict is True
+    over = CompileConfig.from_env(env, compiler="inductor", strict=False)
+    assert over.compiler == "inductor" and over.strict is False and over.max_num_tokens == 128
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [
+        *[("1", True), ("true", True), ("ON", True), ("Yes", True)],
+        *[("0", False), ("false", False), ("off", False), ("no", False), ("", False)],
+    ],
+)
+def test_from_env_flags(raw: str, want: bool) -> None:
+    cfg = CompileConfig.from_env({"FXPIECE_DISABLE_CACHE": raw, "FXPIECE_STRICT": raw})
+    assert cfg.disable_cache is want and cfg.strict is want
+
+
+def test_from_env_uses_the_mapping_not_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FXPIECE_COMPILER", "eager")
+    monkeypatch.setenv("FXPIECE_MAX_NUM_TOKENS", "77")
+    assert CompileConfig.from_env({}) == CompileConfig()
+    cfg = CompileConfig.from_env()  # None: os.environ
+    assert cfg.compiler == "eager" and cfg.max_num_tokens == 77
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "field"),
+    [
+        ("FXPIECE_DISABLE_CACHE", "maybe", "FXPIECE_DISABLE_CACHE"),
+        ("FXPIECE_STRICT", "2", "FXPIECE_STRICT"),
+        ("FXPIECE_COMPILE_SIZES", "a,b", "FXPIECE_COMPILE_SIZES"),
+        ("FXPIECE_COMPILE_SIZES", "1.5", "FXPIECE_COMPILE_SIZES"),
+        ("FXPIECE_COMPILE_RANGES_ENDPOINTS", "8;32", "FXPIECE_COMPILE_RANGES_ENDPOINTS"),
+        ("FXPIECE_MAX_NUM_TOKENS", "lots", "FXPIECE_MAX_NUM_TOKENS"),
+        ("FXPIECE_COMPILER", "tvm", "compiler"),
+        ("FXPIECE_MODEL_TAG", "../x", "model_tag"),
+        ("FXPIECE_COMPILE_SIZES", "0", "compile_sizes"),
+        ("FXPIECE_MAX_NUM_TOKENS", "0", "max_num_tokens"),
+        ("FXPIECE_SPLITTING_OPS", "aten::no_such_op_xyz", "splitting_ops"),
+    ],
+)
+def test_from_env_bad_values(var: str, raw: str, field: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        CompileConfig.from_env({var: raw})
+    assert ei.value.field == field
+    assert raw in str(ei.value) or field != var
+
+
+# -- model tag -----------------------------------------------------------------
+
+
+def test_set_model_tag_nests_and_restores() -> None:
+    assert current_model_tag() is None
+    with set_model_tag("outer"):
+        assert current_model_tag() == fxpiece.context.ModelTag("outer", False)
+        with set_model_tag("enc", is_encoder=True):
+            tag = current_model_tag()
+            assert tag is not None and tag.tag == "enc" and tag.is_encoder
+        assert current_model_tag() == fxpiece.context.ModelTag("outer", False)
+        with pytest.raises(RuntimeError), set_model_tag("boom"):
+            raise RuntimeError
+        assert current_model_tag() == fxpiece.context.ModelTag("outer", False)
+    assert current_model_tag() is None
+
+
+def test_set_model_tag_threads_are_isolated() -> None:
+    barrier = threading.Barrier(2, timeout=10)
+    seen: dict[str, Any] = {}
+
+    def worker() -> None:
+        seen["start"] = current_model_tag()
+        with set_model_tag("thread"):
+            barrier.wait()  # main is inside its own block now
+            seen["inside"] = current_model_tag()
+            barrier.wait()
+        seen["after"] = current_model_tag()
+
+    with set_model_tag("main"):
+        t = threading.Thread(target=worker)
+        t.start()
+        barrier.wait()
+        main_inside = current_model_tag()
+        barrier.wait()
+        t.join(10)
+    assert main_inside is not None and main_inside.tag == "main"
+    assert seen["start"] is None
+    assert seen["inside"].tag == "thread"
+    assert seen["after"] is None
+    assert current_model_tag() is None
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", "/abs", ".git", "", "x..y"])
+def test_set_model_tag_rejects_unsafe_names(bad: str) -> None:
+    with pytest.raises(ConfigError) as ei, set_model_tag(bad):
+        pass
+    assert ei.value.field == "model_tag"
+    assert current_model_tag() is None
+
+
+# -- counters ------------------------------------------------------------------
+
+
+def test_counters_expect_passes_and_fails() -> None:
+    c = Counters()
+    with c.expect(num_graphs_seen=2, num_cache_hits=0):
+        c.add("num_graphs_seen")
+        c.add("num_graphs_seen")
+        c.add("num_inductor_compiles", 5)  # not named: free to change
+    assert c.num_graphs_seen == 2 and c["num_inductor_compiles"] == 5
+
+    with pytest.raises(AssertionError) as ei, c.expect(num_graphs_seen=1, num_cache_hits=1):
+        c.add("num_graphs_seen", 2)
+    msg = str(ei.value)
+    assert "num_graphs_seen: expected +1, got +2" in msg
+    assert "num_cache_hits: expected +1, got +0" in msg
+
+    with pytest.raises(AssertionError), c.expect(num_cache_hits=0):
+        c.add("num_cache_hits")
+    with pytest.raises(KeyError), c.expect(no_such_counter=1):
+        pass
+    with pytest.raises(KeyError):
+        c.add("no_such_counter")
+    assert c.snapshot()["num_graphs_seen"] == 4
+
+
+def test_global_counters_is_a_counters() -> None:
+    assert isinstance(fxpiece.counters, Counters)
+    with fxpiece.counters.expect(num_eager_compiles=0):
+        pass
+    with pytest.raises(AttributeError):
+        _ = fxpiece.counters.no_such_counter

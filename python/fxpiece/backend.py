@@ -49,6 +49,7 @@ __all__ = [
     "GraphStats",
     "PiecePlan",
     "PieceStats",
+    "ProgressEvent",
     "Work",
     "entry_point",
 ]
@@ -118,6 +119,18 @@ class PiecePlan:
     item: SplitItem
     sym_index: int | None
     work: tuple[Work, ...]
+    num_pieces: int
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """One (piece, entry) done: ``action`` is compiled, loaded or reused."""
+
+    piece: int
+    num_pieces: int
+    entry: Range
+    action: str
+    seconds: float
 
 
 @dataclass
@@ -149,8 +162,14 @@ class Backend:
     be, and stitched back so the split ops run eagerly in between.
     """
 
-    def __init__(self, config: CompileConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: CompileConfig | None = None,
+        progress: Callable[[ProgressEvent], None] | None = None,
+    ) -> None:
         self.config = config if config is not None else CompileConfig.from_env()
+        self.progress = progress
+        """Called after each (piece, entry) is compiled, loaded or reused."""
         self.compiler: CompilerInterface = make_compiler(self.config.compiler)
         self.stats = BackendStats()
         self._splitting = resolve_splitting_ops(self.config.splitting_ops)
@@ -254,7 +273,9 @@ class Backend:
             }
         )
         plans = [
-            self._plan_piece(it, piece_args[it.name], gstats.pieces[it.index], model_cache, shared)
+            self._plan_piece(
+                it, piece_args[it.name], gstats.pieces[it.index], model_cache, shared, len(items)
+            )
             for it in compiled_items
         ]
         done: dict[str, Callable[..., Any]] = {}
@@ -284,6 +305,7 @@ class Backend:
         ps: PieceStats,
         model_cache: ModelCache | None,
         shared: str,
+        num_pieces: int,
     ) -> PiecePlan:
         """Every entry of one piece with its example inputs and digest."""
         cfg = self.config
@@ -319,7 +341,7 @@ class Backend:
                 post_grad_pass=pm,
             )
             work.append(Work(it, entry, ex_args, ctx, ps))
-        return PiecePlan(it, sym_index, tuple(work))
+        return PiecePlan(it, sym_index, tuple(work), num_pieces)
 
     def before_build(self, work: Sequence[Work], model_cache: ModelCache | None) -> None:
         """Hook run after planning, before any entry is loaded or compiled
@@ -337,13 +359,23 @@ class Backend:
         for w in plan.work:
             self._count("num_backend_compilations")
             w.stats.entries.append(str(w.entry))
+            t0 = time.perf_counter()
+            before = (w.stats.compiled, w.stats.loaded)
             fn = done.get(w.ctx.digest)
             if fn is not None:
                 # An identical piece (another layer) was just compiled or loaded.
                 w.stats.reused += 1
                 self._count("num_cache_hits")
-            if fn is None:
+                action = "reused"
+            else:
                 fn = self._obtain(it, w.entry, w.args, w.ctx, model_cache, w.stats)
+                action = "compiled" if w.stats.compiled > before[0] else "loaded"
+            if self.progress is not None:
+                self.progress(
+                    ProgressEvent(
+                        it.index, plan.num_pieces, w.entry, action, time.perf_counter() - t0
+                    )
+                )
             done[w.ctx.digest] = fn
             if cfg.static_graph_wrapper is not None and w.entry.is_single_size:
                 fn = cfg.static_graph_wrapper(fn, it.index, w.entry)

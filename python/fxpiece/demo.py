@@ -82,6 +82,7 @@ def worker(
     out: dict[str, Any] = {"mode": mode, "import_s": import_s}
     if mode == "fxpiece":
         compiled: Any = fxpiece.compile(model, demo_config(cache_dir, max_tokens))
+        compiled.backend.progress = _progress
     elif mode == "inductor":
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "stock-inductor")
         stock = torch.compile(model, backend="inductor")
@@ -118,6 +119,18 @@ def worker(
     return out
 
 
+def _progress(ev: Any) -> None:
+    """A one-line progress bar on stderr: piece i/N, entry, action, seconds."""
+    width = 20
+    done = int(width * (ev.piece + 1) / ev.num_pieces)
+    bar = "#" * done + "." * (width - done)
+    sys.stderr.write(
+        f"\r  [{bar}] piece {ev.piece + 1}/{ev.num_pieces} entry {ev.entry!s:<10} "
+        f"{ev.action:<8} {ev.seconds:6.2f} s "
+    )
+    sys.stderr.flush()
+
+
 def run_phase(mode: str, cache_dir: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run :func:`worker` in a fresh Python process and return its result."""
     cmd = [
@@ -142,9 +155,10 @@ def run_phase(mode: str, cache_dir: str, args: argparse.Namespace) -> dict[str, 
         ",".join(str(s) for s in args.latency_sizes),
     ]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    # stderr passes through: the worker's progress bar shows live.
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    sys.stderr.write("\n")
     if proc.returncode != 0:
-        sys.stderr.write(proc.stderr)
         raise SystemExit(f"demo: the {mode} phase failed (exit {proc.returncode})")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     result["process_s"] = time.perf_counter() - t0

@@ -14,11 +14,13 @@ from fxpiece.context import current_compile_range, current_model_tag, set_model_
 from fxpiece.counters import Counters, counters
 from fxpiece.errors import (
     CacheError,
+    CacheMissError,
     CacheWarning,
     ConfigError,
     CorruptIndexError,
     LockTimeoutError,
     SizeOutOfRangeError,
+    UntrustedCacheError,
 )
 from fxpiece.hashing import FileDigest, FilesReport, hash_factors, hash_files, hash_files_report
 from fxpiece.index import CacheIndex, IndexProblem, VerifyReport, verify_index, verify_index_file
@@ -33,6 +35,7 @@ __all__ = [
     "BackendStats",
     "CacheError",
     "CacheIndex",
+    "CacheMissError",
     "CacheWarning",
     "CompileConfig",
     "CompileContext",
@@ -52,6 +55,7 @@ __all__ = [
     "Range",
     "SizeOutOfRangeError",
     "SplitItem",
+    "UntrustedCacheError",
     "VerifyReport",
     "__version__",
     "compile",

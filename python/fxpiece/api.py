@@ -11,7 +11,9 @@ import torch
 from fxpiece import _torch_compat
 from fxpiece.backend import Backend, BackendStats
 from fxpiece.config import CompileConfig
-from fxpiece.errors import ConfigError
+from fxpiece.errors import CacheError, ConfigError, SizeOutOfRangeError
+
+FxpieceError = (CacheError, ConfigError, SizeOutOfRangeError)
 
 __all__ = ["CompiledModel", "compile"]
 
@@ -59,7 +61,15 @@ class CompiledModel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._mark(args, kwargs)
-        return self._compiled(*args, **kwargs)
+        try:
+            return self._compiled(*args, **kwargs)
+        except torch._dynamo.exc.BackendCompilerFailed as e:
+            # Surface our own typed errors (CacheError, ConfigError, ...) as
+            # themselves rather than wrapped by Dynamo.
+            inner = getattr(e, "inner_exception", None)
+            if isinstance(inner, FxpieceError):
+                raise inner from e
+            raise
 
 
 def compile(

@@ -231,7 +231,7 @@ class Backend:
                     fake_args,
                     _torch_compat.traced_files(),
                 )
-            model_cache = ModelCache(root, factors.key, model_tag)
+            model_cache = ModelCache(root, factors.key, model_tag, trust=cfg.allow_untrusted_cache)
             model_cache.write_factors(factors.as_dict())
         key_s = time.perf_counter() - t0
 

@@ -131,6 +131,7 @@ class InductorStandaloneCompiler(CompilerInterface):
         if path is None:
             return None
         art = _torch_compat.load_standalone(str(path))
+        ctx.store.touch(path)
         return unpacking(art, graph_returns_tuple(graph))
 
 

@@ -88,6 +88,9 @@ class CompileConfig:
     """No FX pre-split: Inductor partitions at the splitting ops (if supported)."""
     strict: bool = False
     """A token count outside every range raises instead of running uncompiled."""
+    allow_untrusted_cache: bool = False
+    """Load from a cache folder that other users can write (they could make
+    us run their code); refused by default."""
     lock_timeout: float = 900.0
     """Seconds to wait for another process compiling the same piece before
     compiling it here too."""
@@ -163,7 +166,12 @@ class CompileConfig:
                 )
         put("post_grad_passes", passes)
         validate_path_part("model_tag", self.model_tag)
-        for name in ("disable_cache", "use_inductor_graph_partition", "strict"):
+        for name in (
+            "disable_cache",
+            "use_inductor_graph_partition",
+            "strict",
+            "allow_untrusted_cache",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
         for name in ("lock_timeout", "lease_ttl"):
@@ -222,6 +230,10 @@ class CompileConfig:
             kw["cache_dir"] = e["FXPIECE_CACHE_ROOT"]
         if "FXPIECE_DISABLE_CACHE" in e:
             kw["disable_cache"] = _flag("FXPIECE_DISABLE_CACHE", e["FXPIECE_DISABLE_CACHE"])
+        if "FXPIECE_ALLOW_UNTRUSTED_CACHE" in e:
+            kw["allow_untrusted_cache"] = _flag(
+                "FXPIECE_ALLOW_UNTRUSTED_CACHE", e["FXPIECE_ALLOW_UNTRUSTED_CACHE"]
+            )
         if "FXPIECE_STRICT" in e:
             kw["strict"] = _flag("FXPIECE_STRICT", e["FXPIECE_STRICT"])
         if e.get("FXPIECE_COMPILER"):

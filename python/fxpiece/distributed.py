@@ -15,6 +15,7 @@ every piece from its own cache.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,9 @@ class DistributedBackend(Backend):
         if isinstance(handle, dict) and "artifact" in handle:
             path = mc.artifacts.verified_path(handle)
             if path is None:
-                raise CacheError(0, f"artifact for {w.ctx.digest} vanished before sharing")
+                raise CacheError(
+                    errno.ENOENT, f"artifact for {w.ctx.digest} vanished before sharing"
+                )
             data = Path(path).read_bytes()
         return {"value": value, "data": data}
 
@@ -67,7 +70,8 @@ class DistributedBackend(Backend):
             handle = mc.artifacts.put(w.ctx.digest, payload["data"])
             if handle["blake3"] != value["handle"]["blake3"]:
                 raise CacheError(
-                    0, f"artifact {w.ctx.digest} received from another rank fails its checksum"
+                    errno.EIO,
+                    f"artifact {w.ctx.digest} received from another rank fails its checksum",
                 )
             value["handle"] = handle
         mc.index.insert(self._index_key(w.item, w.entry), value)
@@ -87,7 +91,9 @@ class DistributedBackend(Backend):
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, have, group=self.group)
         if len({len(g) for g in gathered}) != 1:
-            raise CacheError(0, "ranks disagree on the pieces to compile (different models?)")
+            raise CacheError(
+                errno.EINVAL, "ranks disagree on the pieces to compile (different models?)"
+            )
         nobody = [i for i in range(len(items)) if not any(g[i] for g in gathered)]
         owner = {i: k % world for k, i in enumerate(nobody)}
         for i, r in owner.items():

@@ -19,11 +19,13 @@ from fxpiece._native import CacheError, CacheWarning, CorruptIndexError, LockTim
 
 __all__ = [
     "CacheError",
+    "CacheMissError",
     "CacheWarning",
     "ConfigError",
     "CorruptIndexError",
     "LockTimeoutError",
     "SizeOutOfRangeError",
+    "UntrustedCacheError",
 ]
 
 
@@ -36,6 +38,16 @@ class ConfigError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class UntrustedCacheError(CacheError):
+    """The cache folder can be written by other users, and fxpiece would load
+    compiled code (which Inductor imports as Python and pickles) from it."""
+
+
+class CacheMissError(CacheError):
+    """With ``require_cache_hit``, a piece was not in the cache; the message
+    names the factors that differ from the nearest cached key."""
 
 
 class SizeOutOfRangeError(ValueError):

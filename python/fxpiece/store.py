@@ -16,19 +16,22 @@ folder can be moved or copied.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fxpiece.context import validate_path_part
-from fxpiece.errors import CacheError
+from fxpiece.errors import CacheError, UntrustedCacheError
 from fxpiece.hashing import hash_files_report
 from fxpiece.index import CacheIndex, write_atomic
 
-__all__ = ["ArtifactStore", "ModelCache", "ensure_private_dir"]
+__all__ = ["ArtifactStore", "ModelCache", "check_trusted", "ensure_private_dir", "quarantine"]
 
 
 def ensure_private_dir(path: Path) -> Path:
@@ -43,6 +46,35 @@ def ensure_private_dir(path: Path) -> Path:
             str(path),
         ) from e
     return path
+
+
+def check_trusted(folder: Path) -> None:
+    """Refuse a folder that another user owns or can write: fxpiece loads
+    compiled code from the cache (Inductor imports generated Python and
+    unpickles), so whoever can write there could run code as us."""
+    try:
+        st = folder.stat()
+    except FileNotFoundError:
+        return
+    uid = os.getuid()
+    if st.st_uid not in (uid, 0):
+        raise UntrustedCacheError(
+            errno.EPERM,
+            f"cache folder {folder} belongs to uid {st.st_uid}, not to you (uid {uid}); "
+            "fxpiece would load code from it. Use a folder of your own, or set "
+            "allow_untrusted_cache=True (FXPIECE_ALLOW_UNTRUSTED_CACHE=1) if you trust its owner",
+            str(folder),
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UntrustedCacheError(
+            errno.EPERM,
+            f"cache folder {folder} is writable by other users (mode "
+            f"{stat.S_IMODE(st.st_mode):o}); fxpiece would load code from it. "
+            f"Fix: chmod go-w {folder} (fxpiece creates its folders 0700), or set "
+            "allow_untrusted_cache=True (FXPIECE_ALLOW_UNTRUSTED_CACHE=1) if you trust "
+            "everyone who can write there",
+            str(folder),
+        )
 
 
 def _digest_of(path: Path) -> str | None:
@@ -86,6 +118,11 @@ class ArtifactStore:
             return None
         return Path(path)
 
+    def touch(self, path: Path) -> None:
+        """Record a use (``fxpiece cache prune`` removes least recently used first)."""
+        with contextlib.suppress(OSError):  # a read-only cache: uses are not recorded
+            os.utime(path, None)
+
 
 def quarantine(path: Path) -> Path | None:
     """Move a bad file aside, never deleting it."""
@@ -100,12 +137,21 @@ def quarantine(path: Path) -> Path | None:
 class ModelCache:
     """The per-model folder: index, key factors and the readable split graph."""
 
-    def __init__(self, root: Path, key: str, model_tag: str) -> None:
+    def __init__(self, root: Path, key: str, model_tag: str, *, trust: bool = False) -> None:
         validate_path_part("model_tag", model_tag)
         self.root = root
         self.key = key
         self.folder = root / "models" / key[:32] / model_tag
         ensure_private_dir(self.folder)
+        if not trust:
+            for folder in (
+                root,
+                root / "artifacts",
+                root / "models",
+                self.folder.parent,
+                self.folder,
+            ):
+                check_trusted(folder)
         self.index = CacheIndex(str(self.folder / "index"))
         self.artifacts = ArtifactStore(root)
 

@@ -220,7 +220,7 @@ class Backend:
         inductor_dir: str | None = None
         if cache_on:
             root = ensure_private_dir(cfg.resolved_cache_dir())
-            inductor_dir = str(root / "inductor")
+            inductor_dir = str(ensure_private_dir(root / "inductor"))
         if cache_on and root is not None:
             # Inside the cache: the key's ISA probe compiles test programs.
             with _torch_compat.inductor_cache_dir(inductor_dir):

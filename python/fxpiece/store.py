@@ -37,7 +37,13 @@ __all__ = ["ArtifactStore", "ModelCache", "check_trusted", "ensure_private_dir",
 def ensure_private_dir(path: Path) -> Path:
     """Create ``path`` (and parents) private to the user (0700)."""
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        missing = []
+        p = path
+        while not p.exists() and p != p.parent:
+            missing.append(p)
+            p = p.parent
+        for d in reversed(missing):  # every created level is 0700, not only the last
+            d.mkdir(mode=0o700, exist_ok=True)
     except OSError as e:
         raise CacheError(
             e.errno or 0,
@@ -152,7 +158,7 @@ class ModelCache:
                 self.folder,
             ):
                 check_trusted(folder)
-        self.index = CacheIndex(str(self.folder / "index"))
+        self.index = CacheIndex(str(ensure_private_dir(self.folder / "index")))
         self.artifacts = ArtifactStore(root)
 
     def write_text(self, name: str, text: str) -> None:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -33,7 +34,7 @@ from fxpiece.compilers import make_compiler
 from fxpiece.config import CompileConfig
 from fxpiece.context import current_model_tag
 from fxpiece.counters import Counters, counters
-from fxpiece.errors import ConfigError
+from fxpiece.errors import CacheMissError, ConfigError
 from fxpiece.hashing import hash_factors
 from fxpiece.lease import Lease, read_lease
 from fxpiece.ops import resolve_splitting_ops
@@ -92,6 +93,8 @@ class GraphStats:
     load_s: float = 0.0
     total_s: float = 0.0
     traced_files: int = 0
+    miss_explanation: str | None = None
+    """Why the cache missed, when another key of the same model tag exists."""
     runners: list[PieceRunner] = field(default_factory=list, repr=False)
 
     @property
@@ -215,6 +218,7 @@ class Backend:
 
         t0 = time.perf_counter()
         factors: KeyFactors | None = None
+        miss_explanation: str | None = None
         model_cache: ModelCache | None = None
         root: Path | None = None
         inductor_dir: str | None = None
@@ -231,6 +235,15 @@ class Backend:
                     fake_args,
                     _torch_compat.traced_files(),
                 )
+            if not (root / "models" / factors.key[:32] / model_tag).is_dir():
+                miss_explanation = self._explain_new_key(root, model_tag, factors)
+                if cfg.require_cache_hit:
+                    raise CacheMissError(
+                        errno.ENOENT,
+                        f"require_cache_hit: no cache for model tag {model_tag!r} under "
+                        f"key {factors.key[:16]}; {miss_explanation}",
+                        str(root),
+                    )
             model_cache = ModelCache(root, factors.key, model_tag, trust=cfg.allow_untrusted_cache)
             model_cache.write_factors(factors.as_dict())
         key_s = time.perf_counter() - t0
@@ -261,6 +274,7 @@ class Backend:
             split_s=split_s,
             key_s=key_s,
             traced_files=len(factors.code["files"]) if factors else 0,
+            miss_explanation=miss_explanation,
         )
         self.stats.graphs.append(gstats)
 
@@ -290,6 +304,19 @@ class Backend:
         gstats.load_s = sum(p.load_s for p in gstats.pieces)
         gstats.total_s = time.perf_counter() - t_start
         return split_gm
+
+    def _explain_new_key(self, root: Path, model_tag: str, factors: KeyFactors) -> str:
+        """Why this key is new: the factors that differ from the nearest
+        cached key of the same model tag (logged once per graph)."""
+        from fxpiece.explain import nearest_sibling
+
+        found = nearest_sibling(root, model_tag, factors.as_dict(), exclude_key=factors.key)
+        if found is None:
+            return f"no other key is cached for model tag {model_tag!r}"
+        folder, diff = found
+        text = f"nearest cached key {folder.parent.name[:16]} differs: {diff.summary()}"
+        _log.warning("fxpiece: cache miss for model tag %r: %s", model_tag, text)
+        return text
 
     def _entries_for(self, args: Sequence[Any]) -> tuple[int | None, tuple[Range, ...]]:
         sym_index = token_symbol_index(args)
@@ -427,6 +454,14 @@ class Backend:
                 if fn is not None:
                     return fn
             self._count("num_cache_misses")
+            if self.config.require_cache_hit:
+                raise CacheMissError(
+                    errno.ENOENT,
+                    f"require_cache_hit: piece {it.index} entry {entry} is not in the cache "
+                    f"(digest {ctx.digest[:16]}); the model's key matched, so its artifact "
+                    "was removed or failed verification: rebuild the cache",
+                    str(model_cache.folder),
+                )
             return self._compile(it, entry, args, ctx, model_cache, ps)
         finally:
             if lease is not None:

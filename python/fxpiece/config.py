@@ -88,6 +88,10 @@ class CompileConfig:
     """No FX pre-split: Inductor partitions at the splitting ops (if supported)."""
     strict: bool = False
     """A token count outside every range raises instead of running uncompiled."""
+    require_cache_hit: bool = False
+    """Deployments that must never compile: a miss raises
+    :class:`~fxpiece.CacheMissError` naming the factors that differ from the
+    nearest cached key."""
     allow_untrusted_cache: bool = False
     """Load from a cache folder that other users can write (they could make
     us run their code); refused by default."""
@@ -171,6 +175,7 @@ class CompileConfig:
             "use_inductor_graph_partition",
             "strict",
             "allow_untrusted_cache",
+            "require_cache_hit",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
@@ -214,7 +219,8 @@ class CompileConfig:
         ``FXPIECE_CACHE_ROOT``, ``FXPIECE_DISABLE_CACHE``, ``FXPIECE_COMPILER``,
         ``FXPIECE_SPLITTING_OPS`` (comma-separated), ``FXPIECE_COMPILE_SIZES``,
         ``FXPIECE_COMPILE_RANGES_ENDPOINTS``, ``FXPIECE_MAX_NUM_TOKENS``,
-        ``FXPIECE_MODEL_TAG``, ``FXPIECE_STRICT``.
+        ``FXPIECE_MODEL_TAG``, ``FXPIECE_STRICT``, ``FXPIECE_REQUIRE_CACHE_HIT``,
+        ``FXPIECE_ALLOW_UNTRUSTED_CACHE``.
         """
         e = os.environ if env is None else env
         kw: dict[str, Any] = {}
@@ -233,6 +239,10 @@ class CompileConfig:
         if "FXPIECE_ALLOW_UNTRUSTED_CACHE" in e:
             kw["allow_untrusted_cache"] = _flag(
                 "FXPIECE_ALLOW_UNTRUSTED_CACHE", e["FXPIECE_ALLOW_UNTRUSTED_CACHE"]
+            )
+        if "FXPIECE_REQUIRE_CACHE_HIT" in e:
+            kw["require_cache_hit"] = _flag(
+                "FXPIECE_REQUIRE_CACHE_HIT", e["FXPIECE_REQUIRE_CACHE_HIT"]
             )
         if "FXPIECE_STRICT" in e:
             kw["strict"] = _flag("FXPIECE_STRICT", e["FXPIECE_STRICT"])

@@ -11,6 +11,8 @@
 //!   asked for.
 //! * factors: a tagged, length-prefixed canonical encoding in which every
 //!   type has its own tag and dict entries are sorted by their encoded key.
+//!   Integers are their decimal text when they fit in i64, else `0x`/`-0x`
+//!   hex (the Python glue does this; either way one value has one text).
 
 use rayon::prelude::*;
 
@@ -73,16 +75,49 @@ pub fn to_hex(bytes: &[u8]) -> String {
     s
 }
 
+/// Bytes read per `read` call: large enough for BLAKE3's widest SIMD batch,
+/// small enough that the chunk is still in cache when it is hashed.
+const READ_CHUNK: usize = 64 * 1024;
+
+thread_local! {
+    /// One reusable read buffer per rayon worker: no allocation (and no
+    /// page-faulting of fresh memory) per file.
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 fn hash_one(path: &str) -> FileOutcome {
-    match std::fs::read(path) {
-        Ok(data) => FileOutcome::Read {
-            size: data.len() as u64,
-            digest: *blake3::hash(&data).as_bytes(),
-        },
-        Err(e) => FileOutcome::Skipped {
-            reason: e.to_string(),
-        },
-    }
+    use std::io::Read;
+    let skipped = |e: std::io::Error| FileOutcome::Skipped {
+        reason: e.to_string(),
+    };
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) => return skipped(e),
+    };
+    READ_BUF.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        if buf.len() != READ_CHUNK {
+            buf.resize(READ_CHUNK, 0);
+        }
+        let mut hasher = blake3::Hasher::new();
+        let mut size = 0u64;
+        loop {
+            match file.read(&mut buf[..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    hasher.update(&buf[..n]);
+                    size += n as u64;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // E.g. EISDIR: a folder opens but does not read.
+                Err(e) => return skipped(e),
+            }
+        }
+        FileOutcome::Read {
+            size,
+            digest: *hasher.finalize().as_bytes(),
+        }
+    })
 }
 
 /// Frames of the file-set digest, in order. Public for the tests that prove
@@ -297,6 +332,36 @@ mod tests {
         assert_eq!(skipped, vec!["<frozen posixpath>", "<string>"]);
         // The set of asked-for paths still matters.
         assert_ne!(h1.digest, hash_files(&[a]).digest);
+    }
+
+    #[test]
+    fn streamed_digest_equals_one_shot_digest() {
+        let d = tempfile::tempdir().unwrap();
+        // Several read chunks plus a partial one.
+        let big: Vec<u8> = (0..(3 * READ_CHUNK + 123)).map(|i| (i * 7 % 251) as u8).collect();
+        let p = write(d.path(), "big.bin", &big);
+        let e = write(d.path(), "empty", b"");
+        let h = hash_files(&[p, e]);
+        assert_eq!(
+            h.files[0].outcome,
+            FileOutcome::Read {
+                size: big.len() as u64,
+                digest: *blake3::hash(&big).as_bytes()
+            }
+        );
+        assert_eq!(
+            h.files[1].outcome,
+            FileOutcome::Read {
+                size: 0,
+                digest: *blake3::hash(b"").as_bytes()
+            }
+        );
+        // A folder opens but does not read: skipped.
+        let dir = d.path().to_str().unwrap().to_owned();
+        assert!(matches!(
+            hash_files(&[dir]).files[0].outcome,
+            FileOutcome::Skipped { .. }
+        ));
     }
 
     #[test]

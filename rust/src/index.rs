@@ -29,11 +29,15 @@
 //! (compacted away) lists again: the snapshot that absorbed it is then there.
 //!
 //! A commit writes one small file whatever the size of the index, so its cost
-//! does not grow with the index; compaction runs once `compact_after` logs
-//! have piled up, amortising its cost over those commits.
+//! does not grow with the index. Compaction rewrites every entry, so it runs
+//! only once `max(compact_after, entries / ENTRIES_PER_LOG)` logs have piled
+//! up: its cost, linear in the index, is spread over a number of commits that
+//! grows as fast, and the amortised cost of a commit stays flat.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
@@ -41,17 +45,85 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 
 use crate::error::{Error, Result};
 use crate::hash::to_hex;
+
+/// Compaction waits for at least one log per this many entries of the index
+/// (see the module docs): at 10,000 entries, 312 logs. Smaller would make big
+/// indexes compact more often (a commit costs more); larger would leave more
+/// small files for a cold reader to open.
+pub const ENTRIES_PER_LOG: usize = 32;
 
 /// Format version written in every file header.
 pub const FORMAT_VERSION: u32 = 1;
 const MAGIC: &str = "FXPIECE-INDEX";
 const LOCK_NAME: &str = "LOCK";
 const TMP_PREFIX: &str = ".tmp-";
+
+/// A fast, non-cryptographic hasher for the in-memory maps (FxHash with a
+/// final avalanche). The keys come from our own files, so there is no
+/// hash-flooding adversary to defend against, and SipHash was the largest
+/// single cost of loading and compacting a big index.
+#[derive(Default, Clone, Copy)]
+struct FastHasher(u64);
+
+impl FastHasher {
+    #[inline]
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl Hasher for FastHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.add(u64::from_le_bytes(w));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(w) ^ ((rest.len() as u64) << 56));
+        }
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    #[inline]
+    fn write_i64(&mut self, i: i64) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        // murmur3 fmix64: spread the product's high entropy into the low bits
+        // the hash table indexes with.
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
 /// `(range_start, range_end, graph_index, compiler)`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -91,7 +163,8 @@ pub struct Options {
     pub host: String,
     /// Take the sidecar `flock` around compaction.
     pub use_flock: bool,
-    /// Compact once this many logs are present.
+    /// Compact once at least this many logs are present (and at least one
+    /// per [`ENTRIES_PER_LOG`] entries of the index).
     pub compact_after: usize,
     /// fsync files and the folder on every write.
     pub fsync: bool,
@@ -125,62 +198,115 @@ pub struct Problem {
 pub struct Index {
     dir: PathBuf,
     opts: Options,
-    state: HashMap<Key, Slot>,
+    state: FastMap<Key, Slot>,
     /// Files already merged into `state` (their names), among those last listed.
     seen: HashSet<String>,
     logs_on_disk: usize,
     last_nanos: u64,
     /// Problems found since the caller last drained them.
     problems: Vec<Problem>,
+    /// Corrupt files that could not be moved aside (e.g. a read-only
+    /// folder): skipped, and reported once per handle rather than on every
+    /// refresh.
+    unmovable: HashSet<String>,
 }
 
 // ----- file format -----------------------------------------------------------
+
+/// A JSON string that borrows from the file when it has no escapes and is
+/// owned when it has some: a compiler name may hold quotes, backslashes or
+/// control characters, which a plain `&str` cannot be deserialised from.
+#[derive(Debug)]
+struct Text<'a>(Cow<'a, str>);
+
+impl Serialize for Text<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> std::result::Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> std::result::Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
 
 #[derive(Serialize, Deserialize)]
 struct Body<'a> {
     kind: &'a str,
     #[serde(borrow)]
-    stamps: Vec<&'a str>,
+    stamps: Vec<Text<'a>>,
     #[serde(borrow)]
-    entries: Vec<(i64, i64, i64, &'a str, &'a RawValue, usize)>,
+    entries: Vec<(i64, i64, i64, Text<'a>, &'a RawValue, usize)>,
     #[serde(borrow)]
-    removed: Vec<(i64, i64, i64, &'a str, usize)>,
+    removed: Vec<(i64, i64, i64, Text<'a>, usize)>,
+}
+
+fn text(s: &str) -> Text<'_> {
+    Text(Cow::Borrowed(s))
 }
 
 /// Serialise a file: a header line (magic, version, BLAKE3 and length of the
-/// body) followed by the JSON body.
-fn encode_file(kind: &str, items: &[(&Key, &Slot)]) -> Vec<u8> {
-    let mut stamp_ids: HashMap<&str, usize> = HashMap::new();
-    let mut stamps: Vec<&str> = Vec::new();
-    let mut entries = Vec::new();
+/// body) followed by the JSON body and a newline. Returned as `(header,
+/// body)` so a big snapshot is not copied once more to prepend its header.
+fn encode_file(kind: &str, items: &[(&Key, &Slot)]) -> (Vec<u8>, Vec<u8>) {
+    // Entries of one commit share one `Arc` stamp: dedupe by pointer (cheap)
+    // rather than by text. Equal stamps in different `Arc`s are written twice,
+    // which the format allows.
+    let mut stamp_ids: FastMap<usize, usize> = FastMap::default();
+    let mut stamps: Vec<Text<'_>> = Vec::new();
+    let mut entries = Vec::with_capacity(items.len());
     let mut removed = Vec::new();
+    let mut value_bytes = 0usize;
     for (k, slot) in items {
         let next = stamps.len();
-        let id = *stamp_ids.entry(&slot.stamp).or_insert_with(|| {
-            stamps.push(&slot.stamp);
-            next
-        });
+        let id = *stamp_ids
+            .entry(Arc::as_ptr(&slot.stamp) as *const u8 as usize)
+            .or_insert_with(|| {
+                stamps.push(Text(Cow::Borrowed(&slot.stamp)));
+                next
+            });
         match &slot.value {
-            Some(v) => entries.push((k.start, k.end, k.graph, k.compiler.as_str(), &**v, id)),
-            None => removed.push((k.start, k.end, k.graph, k.compiler.as_str(), id)),
+            Some(v) => {
+                value_bytes += v.get().len() + k.compiler.len();
+                entries.push((k.start, k.end, k.graph, text(&k.compiler), &**v, id));
+            }
+            None => removed.push((k.start, k.end, k.graph, text(&k.compiler), id)),
         }
     }
+    let estimate = 64 + value_bytes + 72 * items.len() + 64 * stamps.len();
     let body = Body {
         kind,
         stamps,
         entries,
         removed,
     };
-    let json = serde_json::to_vec(&body).expect("index bodies always serialise");
-    let mut out = format!(
+    let mut json = Vec::with_capacity(estimate);
+    serde_json::to_writer(&mut json, &body).expect("index bodies always serialise");
+    let header = format!(
         "{MAGIC} v{FORMAT_VERSION} blake3={} len={}\n",
         to_hex(blake3::hash(&json).as_bytes()),
         json.len()
     )
     .into_bytes();
-    out.extend_from_slice(&json);
-    out.push(b'\n');
-    out
+    json.push(b'\n');
+    (header, json)
 }
 
 /// Verify a file's header and checksum; return its JSON body.
@@ -319,6 +445,17 @@ fn fsync_dir(dir: &Path) -> Result<()> {
 /// rename, fsync of the folder. On any failure the temp file is removed and
 /// nothing else is touched.
 pub fn write_atomic(dir: &Path, name: &str, data: &[u8], host: &str, fsync: bool) -> Result<PathBuf> {
+    write_atomic_parts(dir, name, &[data], host, fsync)
+}
+
+/// [`write_atomic`] of the concatenation of `parts`.
+pub fn write_atomic_parts(
+    dir: &Path,
+    name: &str,
+    parts: &[&[u8]],
+    host: &str,
+    fsync: bool,
+) -> Result<PathBuf> {
     let tmp = dir.join(format!(
         "{TMP_PREFIX}{host}-{}-{:016x}",
         std::process::id(),
@@ -332,7 +469,9 @@ pub fn write_atomic(dir: &Path, name: &str, data: &[u8], host: &str, fsync: bool
             .mode(0o644)
             .open(&tmp)
             .map_err(|e| Error::io("create", &tmp, e))?;
-        f.write_all(data).map_err(|e| Error::io("write", &tmp, e))?;
+        for part in parts {
+            f.write_all(part).map_err(|e| Error::io("write", &tmp, e))?;
+        }
         if fsync {
             f.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
         }
@@ -433,6 +572,7 @@ impl Index {
     /// Open (creating the folder if needed) and load the index at `dir`.
     pub fn open(dir: impl Into<PathBuf>, opts: Options) -> Result<Index> {
         let dir = dir.into();
+        let mut problems = Vec::new();
         match fs::metadata(&dir) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => {
@@ -440,6 +580,11 @@ impl Index {
                 let aside = aside_name(&dir);
                 fs::rename(&dir, &aside).map_err(|e| Error::io("move aside", &dir, e))?;
                 fs::create_dir_all(&dir).map_err(|e| Error::io("create folder", &dir, e))?;
+                problems.push(Problem {
+                    file: dir.clone(),
+                    reason: "the index path is a file, not a folder".to_owned(),
+                    moved_to: Some(aside),
+                });
             }
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 fs::create_dir_all(&dir).map_err(|e| Error::io("create folder", &dir, e))?;
@@ -449,11 +594,12 @@ impl Index {
         let mut idx = Index {
             dir,
             opts,
-            state: HashMap::new(),
+            state: FastMap::default(),
             seen: HashSet::new(),
             logs_on_disk: 0,
             last_nanos: 0,
-            problems: Vec::new(),
+            problems,
+            unmovable: HashSet::new(),
         };
         idx.refresh()?;
         Ok(idx)
@@ -492,20 +638,28 @@ impl Index {
     }
 
     fn merge(&mut self, key: Key, slot: Slot) {
-        match self.state.get(&key) {
-            Some(cur) if *cur.stamp >= *slot.stamp => {}
-            _ => {
-                self.state.insert(key, slot);
+        use std::collections::hash_map::Entry;
+        match self.state.entry(key) {
+            Entry::Occupied(mut cur) => {
+                if *cur.get().stamp < *slot.stamp {
+                    cur.insert(slot);
+                }
+            }
+            Entry::Vacant(v) => {
+                v.insert(slot);
             }
         }
     }
 
     fn merge_body(&mut self, body: Body<'_>) -> Result<()> {
-        let stamps: Vec<Arc<str>> = body.stamps.iter().map(|s| Arc::from(*s)).collect();
+        let stamps: Vec<Arc<str>> = body.stamps.iter().map(|s| Arc::from(&*s.0)).collect();
+        // Loading a snapshot into an empty map: size it once, not by doubling.
+        self.state
+            .reserve((body.entries.len() + body.removed.len()).saturating_sub(self.state.len()));
         for (s, e, g, c, v, i) in body.entries {
             let raw = v.to_owned();
             self.merge(
-                Key::new(s, e, g, c),
+                Key::new(s, e, g, c.0),
                 Slot {
                     value: Some(raw),
                     stamp: stamps[i].clone(),
@@ -514,7 +668,7 @@ impl Index {
         }
         for (s, e, g, c, i) in body.removed {
             self.merge(
-                Key::new(s, e, g, c),
+                Key::new(s, e, g, c.0),
                 Slot {
                     value: None,
                     stamp: stamps[i].clone(),
@@ -524,11 +678,20 @@ impl Index {
         Ok(())
     }
 
-    fn quarantine(&mut self, path: &Path, reason: String) {
-        let aside = aside_name(path);
-        let moved_to = fs::rename(path, &aside).ok().map(|_| aside);
+    fn quarantine(&mut self, name: &str, reason: String) {
+        let path = self.dir.join(name);
+        let aside = aside_name(&path);
+        let moved_to = match fs::rename(&path, &aside) {
+            Ok(()) => Some(aside),
+            // Another process moved it aside first: nothing left to skip or report.
+            Err(e) if e.kind() == ErrorKind::NotFound => return,
+            Err(_) => {
+                self.unmovable.insert(name.to_owned());
+                None
+            }
+        };
         self.problems.push(Problem {
-            file: path.to_path_buf(),
+            file: path,
             reason,
             moved_to,
         });
@@ -549,7 +712,7 @@ impl Index {
                 .count();
             let mut vanished = false;
             for name in &listing.data_files {
-                if self.seen.contains(name) {
+                if self.seen.contains(name) || self.unmovable.contains(name) {
                     continue;
                 }
                 let path = self.dir.join(name);
@@ -569,7 +732,7 @@ impl Index {
                         self.merge_body(body)?;
                         self.seen.insert(name.clone());
                     }
-                    Err(Error::Corrupt { reason, .. }) => self.quarantine(&path, reason),
+                    Err(Error::Corrupt { reason, .. }) => self.quarantine(name, reason),
                     Err(e) => return Err(e),
                 }
             }
@@ -660,25 +823,44 @@ impl Index {
             })
             .collect();
         let items: Vec<(&Key, &Slot)> = slots.iter().map(|(k, s)| (k, s)).collect();
-        let data = encode_file("log", &items);
+        let (header, body) = encode_file("log", &items);
         let name = format!("log-{stamp}.json");
-        write_atomic(&self.dir, &name, &data, &self.opts.host, self.opts.fsync)?;
+        write_atomic_parts(
+            &self.dir,
+            &name,
+            &[&header, &body],
+            &self.opts.host,
+            self.opts.fsync,
+        )?;
         self.seen.insert(name);
         self.logs_on_disk += 1;
         for (k, s) in slots {
             self.merge(k, s);
         }
-        if self.logs_on_disk >= self.opts.compact_after {
-            // Count what is really there (other writers' logs included) before paying for it.
-            let listing = self.list()?;
-            self.logs_on_disk = listing
-                .data_files
-                .iter()
-                .filter(|n| matches!(kind_of(n), Some(FileKind::Log)))
-                .count();
-            if self.logs_on_disk >= self.opts.compact_after {
-                self.compact(None)?;
-            }
+        if self.logs_on_disk >= self.compact_threshold() {
+            // The commit is durable now: a compaction that fails (e.g. the
+            // disk filled up) must not report it as failed. Its logs stay
+            // and the next commit tries again.
+            let _ = self.auto_compact();
+        }
+        Ok(())
+    }
+
+    /// Logs that trigger a compaction at the index's current size.
+    pub fn compact_threshold(&self) -> usize {
+        self.opts.compact_after.max(self.state.len() / ENTRIES_PER_LOG)
+    }
+
+    fn auto_compact(&mut self) -> Result<()> {
+        // Count what is really there (other writers' logs included) before paying for it.
+        let listing = self.list()?;
+        self.logs_on_disk = listing
+            .data_files
+            .iter()
+            .filter(|n| matches!(kind_of(n), Some(FileKind::Log)))
+            .count();
+        if self.logs_on_disk >= self.compact_threshold() {
+            self.compact(None)?;
         }
         Ok(())
     }
@@ -725,9 +907,16 @@ impl Index {
         let stamp = self.next_stamp();
         let mut items: Vec<(&Key, &Slot)> = self.state.iter().collect();
         items.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        let data = encode_file("snapshot", &items);
+        let (header, body) = encode_file("snapshot", &items);
+        drop(items);
         let name = format!("snap-{stamp}.json");
-        write_atomic(&self.dir, &name, &data, &self.opts.host, self.opts.fsync)?;
+        write_atomic_parts(
+            &self.dir,
+            &name,
+            &[&header, &body],
+            &self.opts.host,
+            self.opts.fsync,
+        )?;
         // The snapshot is durable: only now delete what it absorbed.
         for old in &absorbed {
             match fs::remove_file(self.dir.join(old)) {
@@ -739,9 +928,9 @@ impl Index {
         }
         self.seen.insert(name);
         self.logs_on_disk = 0;
-        if self.opts.fsync {
-            fsync_dir(&self.dir)?;
-        }
+        // No folder fsync for the deletions: the snapshot, durable before the
+        // first of them, holds everything the deleted files held. If a crash
+        // undoes some deletions, those files come back and merge idempotently.
         Ok(())
     }
 
@@ -841,6 +1030,23 @@ mod tests {
     }
 
     #[test]
+    fn keys_needing_json_escapes_round_trip() {
+        let d = tempfile::tempdir().unwrap();
+        let mut a = Index::open(d.path(), opts()).unwrap();
+        let odd = "q\"uote \\ back\nline \u{0} nul \u{7f} ünï ✓";
+        a.insert(Key::new(1, 2, 3, odd), raw("1")).unwrap();
+        a.insert(Key::new(1, 2, 4, "plain"), raw("2")).unwrap();
+        a.remove(Key::new(9, 9, 9, odd)).unwrap();
+        for _ in 0..2 {
+            let mut b = Index::open(d.path(), opts()).unwrap();
+            assert!(b.take_problems().is_empty());
+            assert_eq!(b.get(&Key::new(1, 2, 3, odd)).unwrap().get(), "1");
+            assert_eq!(b.len(), 2);
+            a.compact(None).unwrap();
+        }
+    }
+
+    #[test]
     fn merge_is_last_writer_wins_and_order_free() {
         let d = tempfile::tempdir().unwrap();
         let mut a = Index::open(d.path(), opts()).unwrap();
@@ -893,6 +1099,32 @@ mod tests {
         assert_eq!(snaps, 1, "{files:?}");
         let b = Index::open(d.path(), opts()).unwrap();
         assert_eq!(b.len(), 12);
+    }
+
+    #[test]
+    fn compaction_waits_longer_as_the_index_grows() {
+        let d = tempfile::tempdir().unwrap();
+        let mut a = Index::open(
+            d.path(),
+            Options {
+                compact_after: 4,
+                ..opts()
+            },
+        )
+        .unwrap();
+        let n = 64 * ENTRIES_PER_LOG as i64;
+        a.commit((0..n).map(|i| (Key::new(i, i, 0, "c"), Some(raw("0")))).collect())
+            .unwrap();
+        a.compact(None).unwrap();
+        assert_eq!(a.compact_threshold(), 64);
+        for i in 0..63 {
+            a.insert(Key::new(i, i, 0, "c"), raw("1")).unwrap();
+        }
+        let logs = |d: &Path| data_files(d).iter().filter(|n| n.starts_with("log-")).count();
+        assert_eq!(logs(d.path()), 63, "not compacted before 64 logs");
+        a.insert(Key::new(0, 0, 1, "c"), raw("1")).unwrap();
+        assert_eq!(logs(d.path()), 0, "compacted at 64 logs");
+        assert_eq!(Index::open(d.path(), opts()).unwrap().len(), n as usize + 1);
     }
 
     #[test]
@@ -982,6 +1214,21 @@ mod tests {
             .unwrap()
             .contains(".corrupt-"));
         assert!(!d.path().join(&name).exists());
+    }
+
+    #[test]
+    fn a_file_at_the_index_path_is_moved_aside_and_reported() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("idx");
+        fs::write(&p, b"legacy index").unwrap();
+        let mut a = Index::open(&p, opts()).unwrap();
+        assert!(p.is_dir());
+        let problems = a.take_problems();
+        assert_eq!(problems.len(), 1);
+        let aside = problems[0].moved_to.clone().unwrap();
+        assert_eq!(fs::read(aside).unwrap(), b"legacy index");
+        a.insert(Key::new(1, 1, 0, "c"), raw("1")).unwrap();
+        assert_eq!(Index::open(&p, opts()).unwrap().len(), 1);
     }
 
     #[test]

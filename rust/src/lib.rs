@@ -81,7 +81,27 @@ mod python {
                 "hash_files takes a collection of paths, not one str; wrap it in a list",
             ));
         }
-        paths.try_iter()?.map(|p| fspath(&p?)).collect()
+        // `str` items (the common case) are taken as they are; only other
+        // items go through `os.fspath`, looked up once per call.
+        let mut os_fspath: Option<Bound<'_, PyAny>> = None;
+        let mut out = Vec::with_capacity(paths.len().unwrap_or(0));
+        for item in paths.try_iter()? {
+            let item = item?;
+            if let Ok(s) = item.cast::<PyString>() {
+                out.push(s.to_str()?.to_owned());
+                continue;
+            }
+            let f = match &os_fspath {
+                Some(f) => f,
+                None => os_fspath.insert(paths.py().import("os")?.getattr("fspath")?),
+            };
+            out.push(
+                f.call1((&item,))?
+                    .extract::<String>()
+                    .map_err(|_| PyTypeError::new_err("paths must be str or os.PathLike[str], not bytes"))?,
+            );
+        }
+        Ok(out)
     }
 
     /// BLAKE3 (hex) over the set of files; unreadable files are skipped.
@@ -113,7 +133,42 @@ mod python {
         Ok((h.hex(), files))
     }
 
-    fn to_factor(obj: &Bound<'_, PyAny>, at: &mut String) -> PyResult<Factor> {
+    /// Deepest nesting `hash_factors` accepts: the conversion recurses, so
+    /// a deeper (or cyclic) value would overflow the native stack.
+    const MAX_FACTOR_DEPTH: usize = 512;
+    /// Deepest nesting of a stored index value: reading values back parses
+    /// them with serde_json, whose recursion limit is 128.
+    const MAX_VALUE_DEPTH: usize = 100;
+
+    fn too_deep(what: &str, limit: usize, at: &str) -> PyErr {
+        let chars: Vec<char> = at.chars().collect();
+        let shown = if chars.len() > 120 {
+            let head: String = chars[..60].iter().collect();
+            let tail: String = chars[chars.len() - 40..].iter().collect();
+            format!("{head}...{tail}")
+        } else {
+            at.to_owned()
+        };
+        PyValueError::new_err(format!(
+            "{what}: value nested deeper than {limit} levels (or cyclic) at {shown}"
+        ))
+    }
+
+    /// Canonical text of an int: decimal when it fits in i64, else `0x`/`-0x`
+    /// hex (never subject to `sys.set_int_max_str_digits`). Read from the
+    /// integer itself, so an `int` subclass overriding `__str__` cannot alias
+    /// two different values.
+    fn int_text(obj: &Bound<'_, PyAny>) -> PyResult<String> {
+        if let Ok(v) = obj.extract::<i64>() {
+            return Ok(v.to_string());
+        }
+        let int_type = obj.py().get_type::<PyInt>();
+        int_type
+            .call_method1("__format__", (obj, "#x"))?
+            .extract::<String>()
+    }
+
+    fn to_factor(obj: &Bound<'_, PyAny>, at: &mut String, depth: usize) -> PyResult<Factor> {
         if obj.is_none() {
             return Ok(Factor::None);
         }
@@ -121,7 +176,14 @@ mod python {
             return Ok(Factor::Bool(b.is_true()));
         }
         if obj.is_instance_of::<PyInt>() {
-            return Ok(Factor::Int(obj.str()?.to_string()));
+            return Ok(Factor::Int(int_text(obj)?));
+        }
+        if depth >= MAX_FACTOR_DEPTH
+            && (obj.is_instance_of::<PyList>()
+                || obj.is_instance_of::<PyTuple>()
+                || obj.is_instance_of::<PyDict>())
+        {
+            return Err(too_deep("hash_factors", MAX_FACTOR_DEPTH, at));
         }
         if let Ok(f) = obj.cast::<PyFloat>() {
             return Ok(Factor::Float(f.value()));
@@ -137,7 +199,7 @@ mod python {
             for (i, item) in items.iter().enumerate() {
                 let len = at.len();
                 at.push_str(&format!("[{i}]"));
-                out.push(to_factor(item, at)?);
+                out.push(to_factor(item, at, depth + 1)?);
                 at.truncate(len);
             }
             Ok(out)
@@ -153,8 +215,8 @@ mod python {
             for (k, v) in d.iter() {
                 let len = at.len();
                 at.push_str(&format!("[{}]", k.repr()?));
-                let kf = to_factor(&k, at)?;
-                let vf = to_factor(&v, at)?;
+                let kf = to_factor(&k, at, depth + 1)?;
+                let vf = to_factor(&v, at, depth + 1)?;
                 at.truncate(len);
                 entries.push((kf, vf));
             }
@@ -170,16 +232,23 @@ mod python {
     #[pyfunction]
     fn hash_factors(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<String> {
         let mut at = String::from("value");
-        let f = to_factor(obj, &mut at)?;
+        let f = to_factor(obj, &mut at, 0)?;
         Ok(py.detach(|| hash::hash_factors(&f)))
     }
 
     // ----- JSON values ----------------------------------------------------
 
-    fn to_json(obj: &Bound<'_, PyAny>, at: &mut String) -> PyResult<serde_json::Value> {
+    fn to_json(obj: &Bound<'_, PyAny>, at: &mut String, depth: usize) -> PyResult<serde_json::Value> {
         use serde_json::Value as J;
         if obj.is_none() {
             return Ok(J::Null);
+        }
+        if depth >= MAX_VALUE_DEPTH
+            && (obj.is_instance_of::<PyList>()
+                || obj.is_instance_of::<PyTuple>()
+                || obj.is_instance_of::<PyDict>())
+        {
+            return Err(too_deep("cache index value", MAX_VALUE_DEPTH, at));
         }
         if let Ok(b) = obj.cast::<PyBool>() {
             return Ok(J::Bool(b.is_true()));
@@ -213,7 +282,7 @@ mod python {
             for (i, item) in items.iter().enumerate() {
                 let len = at.len();
                 at.push_str(&format!("[{i}]"));
-                out.push(to_json(item, at)?);
+                out.push(to_json(item, at, depth + 1)?);
                 at.truncate(len);
             }
             Ok(J::Array(out))
@@ -236,7 +305,7 @@ mod python {
                 let key = ks.to_str()?.to_owned();
                 let len = at.len();
                 at.push_str(&format!("[{key:?}]"));
-                let jv = to_json(&v, at)?;
+                let jv = to_json(&v, at, depth + 1)?;
                 at.truncate(len);
                 m.insert(key, jv);
             }
@@ -288,7 +357,7 @@ mod python {
 
     fn py_to_raw(obj: &Bound<'_, PyAny>) -> PyResult<Box<RawValue>> {
         let mut at = String::from("value");
-        let v = to_json(obj, &mut at)?;
+        let v = to_json(obj, &mut at, 0)?;
         let text = serde_json::to_string(&v).map_err(|e| PyValueError::new_err(e.to_string()))?;
         RawValue::from_string(text).map_err(|e| PyValueError::new_err(e.to_string()))
     }

@@ -34,6 +34,7 @@ class CacheIndex:
         use_flock: bool = True,
         compact_after: int = 64,
         fsync: bool = True,
+        readonly: bool = False,
     ) -> None: ...
     @property
     def path(self) -> str: ...

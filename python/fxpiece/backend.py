@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +224,11 @@ class Backend:
         model_cache: ModelCache | None = None
         root: Path | None = None
         inductor_dir: str | None = None
-        if cache_on:
+        readonly = cfg.cache_readonly
+        if cache_on and readonly:
+            root = cfg.resolved_cache_dir()
+            inductor_dir = _readonly_inductor_dir(root)
+        elif cache_on:
             root = ensure_private_dir(cfg.resolved_cache_dir())
             inductor_dir = str(ensure_private_dir(root / "inductor"))
         if cache_on and root is not None:
@@ -244,8 +250,11 @@ class Backend:
                         f"key {factors.key[:16]}; {miss_explanation}",
                         str(root),
                     )
-            model_cache = ModelCache(root, factors.key, model_tag, trust=cfg.allow_untrusted_cache)
-            model_cache.write_factors(factors.as_dict())
+            model_cache = ModelCache(
+                root, factors.key, model_tag, trust=cfg.allow_untrusted_cache, readonly=readonly
+            )
+            if not readonly:
+                model_cache.write_factors(factors.as_dict())
         key_s = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -254,7 +263,7 @@ class Backend:
         else:
             split_gm, items = split_graph(gm, self._splitting)
         split_s = time.perf_counter() - t0
-        if model_cache is not None:
+        if model_cache is not None and not readonly:
             model_cache.write_text("computation_graph.py", _readable(split_gm, items))
 
         self._count("num_piecewise_graphs_seen", len(items))
@@ -436,6 +445,17 @@ class Backend:
         fn = self._load(it, entry, args, ctx, model_cache, ps)
         if fn is not None:
             return fn
+        if model_cache.readonly:
+            # Read-only cache: compile the miss in memory, write nothing.
+            self._count("num_cache_misses")
+            if self.config.require_cache_hit:
+                raise CacheMissError(
+                    errno.ENOENT,
+                    f"require_cache_hit: piece {it.index} entry {entry} is not in the "
+                    f"read-only cache (digest {ctx.digest[:16]})",
+                    str(model_cache.folder),
+                )
+            return self._compile(it, entry, args, replace(ctx, store=None), None, ps)
         lease_dir = ensure_private_dir(model_cache.root / "locks")
         path = str(lease_dir / f"{ctx.digest}.lease")
         lease = Lease.try_acquire(path, ttl=self.config.lease_ttl)
@@ -557,6 +577,15 @@ class Backend:
             )
             self._count("num_cache_entries_updated")
         return result.fn
+
+
+def _readonly_inductor_dir(root: Path) -> str:
+    """Inductor writes into its cache dir even to load (kernels, locks): use
+    the cache's own when writable, else a private temporary one."""
+    own = root / "inductor"
+    if own.is_dir() and os.access(own, os.W_OK):
+        return str(own)
+    return tempfile.mkdtemp(prefix="fxpiece-inductor-")
 
 
 def _fake_inputs(example_inputs: Sequence[Any], fake_mode: Any) -> list[Any]:

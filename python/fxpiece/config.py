@@ -88,6 +88,9 @@ class CompileConfig:
     """No FX pre-split: Inductor partitions at the splitting ops (if supported)."""
     strict: bool = False
     """A token count outside every range raises instead of running uncompiled."""
+    cache_readonly: bool = False
+    """Load hits, compile misses in memory, never write (works on a
+    read-only mount)."""
     require_cache_hit: bool = False
     """Deployments that must never compile: a miss raises
     :class:`~fxpiece.CacheMissError` naming the factors that differ from the
@@ -176,6 +179,7 @@ class CompileConfig:
             "strict",
             "allow_untrusted_cache",
             "require_cache_hit",
+            "cache_readonly",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
@@ -220,6 +224,7 @@ class CompileConfig:
         ``FXPIECE_SPLITTING_OPS`` (comma-separated), ``FXPIECE_COMPILE_SIZES``,
         ``FXPIECE_COMPILE_RANGES_ENDPOINTS``, ``FXPIECE_MAX_NUM_TOKENS``,
         ``FXPIECE_MODEL_TAG``, ``FXPIECE_STRICT``, ``FXPIECE_REQUIRE_CACHE_HIT``,
+        ``FXPIECE_CACHE_READONLY``,
         ``FXPIECE_ALLOW_UNTRUSTED_CACHE``.
         """
         e = os.environ if env is None else env
@@ -240,6 +245,8 @@ class CompileConfig:
             kw["allow_untrusted_cache"] = _flag(
                 "FXPIECE_ALLOW_UNTRUSTED_CACHE", e["FXPIECE_ALLOW_UNTRUSTED_CACHE"]
             )
+        if "FXPIECE_CACHE_READONLY" in e:
+            kw["cache_readonly"] = _flag("FXPIECE_CACHE_READONLY", e["FXPIECE_CACHE_READONLY"])
         if "FXPIECE_REQUIRE_CACHE_HIT" in e:
             kw["require_cache_hit"] = _flag(
                 "FXPIECE_REQUIRE_CACHE_HIT", e["FXPIECE_REQUIRE_CACHE_HIT"]

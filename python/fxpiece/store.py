@@ -143,12 +143,16 @@ def quarantine(path: Path) -> Path | None:
 class ModelCache:
     """The per-model folder: index, key factors and the readable split graph."""
 
-    def __init__(self, root: Path, key: str, model_tag: str, *, trust: bool = False) -> None:
+    def __init__(
+        self, root: Path, key: str, model_tag: str, *, trust: bool = False, readonly: bool = False
+    ) -> None:
         validate_path_part("model_tag", model_tag)
         self.root = root
         self.key = key
+        self.readonly = readonly
         self.folder = root / "models" / key[:32] / model_tag
-        ensure_private_dir(self.folder)
+        if not readonly:
+            ensure_private_dir(self.folder)
         if not trust:
             for folder in (
                 root,
@@ -158,7 +162,12 @@ class ModelCache:
                 self.folder,
             ):
                 check_trusted(folder)
-        self.index = CacheIndex(str(ensure_private_dir(self.folder / "index")))
+        index = self.folder / "index"
+        self.index = (
+            CacheIndex(str(index), readonly=True)
+            if readonly
+            else CacheIndex(str(ensure_private_dir(index)))
+        )
         self.artifacts = ArtifactStore(root)
 
     def write_text(self, name: str, text: str) -> None:

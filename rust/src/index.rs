@@ -170,6 +170,10 @@ pub struct Options {
     pub fsync: bool,
     /// Temp files older than this are removed whatever their owner.
     pub stale_temp_after: Duration,
+    /// Never write: no folder created, no temp cleanup, corrupt files are
+    /// skipped (not moved aside), commits fail with `EROFS`. For read-only
+    /// mounts and deployments that must not touch the cache.
+    pub readonly: bool,
 }
 
 impl Default for Options {
@@ -180,6 +184,7 @@ impl Default for Options {
             compact_after: 64,
             fsync: true,
             stale_temp_after: Duration::from_secs(3600),
+            readonly: false,
         }
     }
 }
@@ -573,22 +578,27 @@ impl Index {
     pub fn open(dir: impl Into<PathBuf>, opts: Options) -> Result<Index> {
         let dir = dir.into();
         let mut problems = Vec::new();
+        let readonly = opts.readonly;
         match fs::metadata(&dir) {
             Ok(m) if m.is_dir() => {}
+            Ok(_) if readonly => problems.push(Problem {
+                file: dir.clone(),
+                reason: "the index path is a file, not a folder (read-only: left in place)".to_owned(),
+                moved_to: None,
+            }),
+            Err(e) if e.kind() == ErrorKind::NotFound && readonly => {}
             Ok(_) => {
                 // Not a folder (e.g. a stray or torn file from another tool): move it aside.
                 let aside = aside_name(&dir);
                 fs::rename(&dir, &aside).map_err(|e| Error::io("move aside", &dir, e))?;
-                fs::create_dir_all(&dir).map_err(|e| Error::io("create folder", &dir, e))?;
+                create_private_dir(&dir)?;
                 problems.push(Problem {
                     file: dir.clone(),
                     reason: "the index path is a file, not a folder".to_owned(),
                     moved_to: Some(aside),
                 });
             }
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                fs::create_dir_all(&dir).map_err(|e| Error::io("create folder", &dir, e))?;
-            }
+            Err(e) if e.kind() == ErrorKind::NotFound => create_private_dir(&dir)?,
             Err(e) => return Err(Error::io("open folder", &dir, e)),
         }
         let mut idx = Index {
@@ -619,7 +629,17 @@ impl Index {
     }
 
     fn list(&self) -> Result<Listing> {
-        let rd = fs::read_dir(&self.dir).map_err(|e| Error::io("list", &self.dir, e))?;
+        let rd = match fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            // A read-only handle on an index nobody created yet: empty.
+            Err(e) if self.opts.readonly && e.kind() == ErrorKind::NotFound => {
+                return Ok(Listing {
+                    data_files: Vec::new(),
+                    temps: Vec::new(),
+                })
+            }
+            Err(e) => return Err(Error::io("list", &self.dir, e)),
+        };
         let mut data_files = Vec::new();
         let mut temps = Vec::new();
         for ent in rd {
@@ -680,6 +700,16 @@ impl Index {
 
     fn quarantine(&mut self, name: &str, reason: String) {
         let path = self.dir.join(name);
+        if self.opts.readonly {
+            if self.unmovable.insert(name.to_owned()) {
+                self.problems.push(Problem {
+                    file: path,
+                    reason,
+                    moved_to: None,
+                });
+            }
+            return;
+        }
         let aside = aside_name(&path);
         let moved_to = match fs::rename(&path, &aside) {
             Ok(()) => Some(aside),
@@ -702,7 +732,9 @@ impl Index {
         const ATTEMPTS: usize = 16;
         for _ in 0..ATTEMPTS {
             let listing = self.list()?;
-            self.clean_temps(&listing.temps);
+            if !self.opts.readonly {
+                self.clean_temps(&listing.temps);
+            }
             let present: HashSet<&str> = listing.data_files.iter().map(|s| s.as_str()).collect();
             self.seen.retain(|n| present.contains(n.as_str()));
             self.logs_on_disk = listing
@@ -805,7 +837,19 @@ impl Index {
 
     /// Commit a batch of puts (`Some`) and removals (`None`) as one durable,
     /// atomic file. Returns once the commit is on disk.
+    fn check_writable(&self) -> Result<()> {
+        if self.opts.readonly {
+            return Err(Error::io(
+                "write to read-only index",
+                &self.dir,
+                std::io::Error::from_raw_os_error(libc::EROFS),
+            ));
+        }
+        Ok(())
+    }
+
     pub fn commit(&mut self, ops: Vec<(Key, Option<Value>)>) -> Result<()> {
+        self.check_writable()?;
         if ops.is_empty() {
             return Ok(());
         }
@@ -879,6 +923,7 @@ impl Index {
     /// With `wait` `None`, skip (return `false`) if another process on this
     /// host is compacting; otherwise wait up to `wait` for it.
     pub fn compact(&mut self, wait: Option<Duration>) -> Result<bool> {
+        self.check_writable()?;
         let _lock = if self.opts.use_flock {
             match FileLock::acquire(&self.dir.join(LOCK_NAME), wait)? {
                 Some(l) => Some(l),
@@ -970,6 +1015,16 @@ impl Index {
     }
 }
 
+/// Create `dir` and any missing parents, each private to the user (0700).
+fn create_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| Error::io("create folder", dir, e))
+}
+
 fn aside_name(path: &Path) -> PathBuf {
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -1010,6 +1065,59 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn readonly_handle_never_writes() {
+        let d = tempfile::tempdir().unwrap();
+        let ro = Options {
+            readonly: true,
+            ..opts()
+        };
+        // Missing index: empty, nothing created.
+        let missing = d.path().join("nope");
+        let mut r = Index::open(&missing, ro.clone()).unwrap();
+        assert!(r.is_empty() && !missing.exists());
+        let err = r.insert(Key::new(1, 1, 0, "c"), raw("1")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+        assert!(!missing.exists());
+        // Existing index with a corrupt file and a stale temp: read, leave both.
+        let mut w = Index::open(d.path().join("idx"), opts()).unwrap();
+        w.insert(Key::new(1, 1, 0, "c"), raw("1")).unwrap();
+        w.insert(Key::new(2, 2, 0, "c"), raw("2")).unwrap();
+        let name = data_files(&d.path().join("idx"))
+            .into_iter()
+            .find(|n| n.starts_with("log-"))
+            .unwrap();
+        fs::write(d.path().join("idx").join(&name), b"garbage").unwrap();
+        let temp = d.path().join("idx").join(".tmp-otherhost-1-00000000deadbeef");
+        fs::write(&temp, b"half").unwrap();
+        let before = data_files(&d.path().join("idx"));
+        let mut r = Index::open(
+            d.path().join("idx"),
+            Options {
+                stale_temp_after: Duration::ZERO,
+                ..ro
+            },
+        )
+        .unwrap();
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.take_problems().len(), 1);
+        r.refresh().unwrap();
+        assert!(r.take_problems().is_empty(), "reported once");
+        assert_eq!(data_files(&d.path().join("idx")), before);
+        assert!(r.compact(None).is_err());
+    }
+
+    #[test]
+    fn folders_are_created_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a").join("b");
+        Index::open(&p, opts()).unwrap();
+        for f in [d.path().join("a"), p] {
+            assert_eq!(fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o700);
+        }
     }
 
     #[test]

@@ -442,7 +442,7 @@ mod python {
     #[pymethods]
     impl PyCacheIndex {
         #[new]
-        #[pyo3(signature = (path, *, host=None, use_flock=true, compact_after=64, fsync=true))]
+        #[pyo3(signature = (path, *, host=None, use_flock=true, compact_after=64, fsync=true, readonly=false))]
         fn new(
             py: Python<'_>,
             path: &Bound<'_, PyAny>,
@@ -450,6 +450,7 @@ mod python {
             use_flock: bool,
             compact_after: usize,
             fsync: bool,
+            readonly: bool,
         ) -> PyResult<Self> {
             if compact_after < 1 {
                 return Err(PyValueError::new_err("compact_after must be >= 1"));
@@ -459,6 +460,7 @@ mod python {
                 use_flock,
                 compact_after,
                 fsync,
+                readonly,
                 ..Options::default()
             };
             if let Some(h) = host {

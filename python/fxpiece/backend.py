@@ -541,7 +541,15 @@ class Backend:
         if not isinstance(value, dict) or value.get("digest") != ctx.digest:
             return None
         t0 = time.perf_counter()
-        fn = self.compiler.load(value.get("handle"), it.graph, args, entry, ctx, model_cache.root)
+        try:
+            fn = self.compiler.load(
+                value.get("handle"), it.graph, args, entry, ctx, model_cache.root
+            )
+        except Exception as e:  # pruned meanwhile, or unloadable: recompile, never crash
+            _log.warning(
+                "fxpiece: loading piece %d %s failed (%s: %s)", it.index, entry, type(e).__name__, e
+            )
+            fn = None
         if fn is None:
             self._count("num_corrupt_artifacts")
             _log.warning(

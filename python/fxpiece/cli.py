@@ -1,22 +1,408 @@
-"""The ``fxpiece`` command."""
+"""The ``fxpiece`` command (also ``python -m fxpiece``).
+
+::
+
+    fxpiece demo                                  the main job (see README)
+    fxpiece cache ls [ROOT] [--json]              models, keys, pieces, ranges, sizes, last use
+    fxpiece cache explain A B [--root ROOT]       which factors differ between two keys/folders
+    fxpiece cache verify [ROOT] [--repair]        check indexes and artifact checksums
+    fxpiece cache prune [ROOT] --max-size 10G | --older-than 7d [--dry-run]
+    fxpiece cache pack ROOT -o FILE [--include-inductor]
+    fxpiece cache unpack FILE ROOT
+
+``ROOT`` defaults to the configured cache (``FXPIECE_CACHE_ROOT``, else
+``~/.cache/fxpiece``). Every subcommand takes ``--json``. Exit codes: 0 ok
+(``explain`` finding differences is ok), 1 problems found (``verify``) or an
+error (message on stderr), 2 usage error.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
-__all__ = ["main"]
+__all__ = ["format_bytes", "main", "parse_age", "parse_size"]
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
+_AGE_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])", re.IGNORECASE)
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``1024``, ``500K``, ``500M``, ``10G``, ``1.5GiB``, ``2TB``
+    (powers of 1024).
+
+    >>> parse_size("10G"), parse_size("500M"), parse_size("1024"), parse_size("1.5k")
+    (10737418240, 524288000, 1024, 1536)
+    """
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size; use bytes or a number with K, M, G, T (e.g. 10G, 500M)"
+        )
+    power = "kmgtp".find(m.group(2).lower()) + 1 if m.group(2) else 0
+    return int(float(m.group(1)) * 1024**power)
+
+
+def parse_age(text: str) -> float:
+    """Seconds from ``30s``, ``30m``, ``12h``, ``7d``, ``2w`` or combinations (``1d12h``).
+
+    >>> parse_age("7d"), parse_age("12h"), parse_age("30m"), parse_age("1h30m")
+    (604800.0, 43200.0, 1800.0, 5400.0)
+    """
+    t = text.strip().lower()
+    if not t or _AGE_PART.sub("", t) != "":
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an age; use a number with a unit s, m, h, d or w (e.g. 7d, 12h)"
+        )
+    return float(sum(float(n) * _AGE_UNITS[u] for n, u in _AGE_PART.findall(t)))
+
+
+def format_bytes(n: int | None) -> str:
+    """``1536`` -> ``'1.5 KiB'``.
+
+    >>> format_bytes(0), format_bytes(1536), format_bytes(3 * 1024**3)
+    ('0 B', '1.5 KiB', '3.0 GiB')
+    """
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _when(ts: float | None, now: float) -> str:
+    if ts is None:
+        return "-"
+    age = max(0.0, now - ts)
+    for limit, div, unit in ((120, 1, "s"), (7200, 60, "m"), (172800, 3600, "h")):
+        if age < limit:
+            ago = f"{int(age // div)}{unit} ago"
+            break
+    else:
+        ago = f"{int(age // 86400)}d ago"
+    return f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(ts))} ({ago})"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> str:
+    cells = [[str(c) for c in r] for r in [headers, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for r in cells:
+        parts = [
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _short_path(path: str, keep: int = 12) -> str:
+    """``artifacts/03/0382511106718d5b...`` -> ``artifacts/03/038251110671..``."""
+    head, _, name = path.rpartition("/")
+    if len(name) > keep + 4:
+        name = name[:keep] + ".." + (name[64:] if len(name) > 64 else "")
+    return f"{head}/{name}" if head else name
+
+
+def _default_root() -> Path:
+    from fxpiece.config import CompileConfig
+
+    return CompileConfig.from_env().resolved_cache_dir()
+
+
+def _root(arg: str | None) -> Path:
+    return Path(arg).expanduser() if arg else _default_root()
+
+
+def _emit_json(value: Any) -> None:
+    print(json.dumps(value, indent=1, sort_keys=False, default=str))
+
+
+# -- subcommands ------------------------------------------------------------
+
+
+def _cmd_ls(a: argparse.Namespace) -> int:
+    from fxpiece.cache_admin import list_cache
+
+    listing = list_cache(_root(a.root))
+    if a.json:
+        _emit_json(listing.as_dict())
+        return 0
+    now = time.time()
+    print(
+        f"cache {listing.root}: {len(listing.models)} model folder(s), "
+        f"{len(listing.artifacts)} artifact(s) ({format_bytes(listing.total_artifact_bytes)}), "
+        f"inductor/ {format_bytes(listing.inductor_bytes)}"
+    )
+    if listing.models:
+        rows = [
+            [
+                m.key[:12],
+                m.tag,
+                len(m.entries),
+                ",".join(map(str, m.pieces)) or "-",
+                " ".join(m.ranges) or "-",
+                ",".join(m.compilers) or "-",
+                format_bytes(m.artifact_bytes)
+                + (f" ({m.missing_artifacts} missing)" if m.missing_artifacts else ""),
+                _when(m.last_use, now),
+            ]
+            for m in listing.models
+        ]
+        print(
+            _table(
+                ["KEY", "TAG", "ENTRIES", "PIECES", "RANGES", "COMPILER", "SIZE", "LAST USE"],
+                rows,
+                right=(2,),
+            )
+        )
+    if listing.orphans:
+        size = format_bytes(sum(o.size for o in listing.orphans))
+        print(f"unreferenced artifacts: {len(listing.orphans)} ({size}); prune removes them first")
+    if listing.quarantined:
+        size = format_bytes(sum(q.size for q in listing.quarantined))
+        print(
+            f"quarantined (moved aside as corrupt): {len(listing.quarantined)} ({size}); "
+            "delete them once inspected"
+        )
+    if listing.temps:
+        print(f"being written: {len(listing.temps)} temp file(s)")
+    for m in listing.models:
+        for p in m.problems:
+            print(f"warning: {p}")
+    for p in listing.problems:
+        print(f"warning: {p}")
+    return 0
+
+
+def _cmd_explain(a: argparse.Namespace) -> int:
+    from fxpiece.explain import diff_factors, factors_key, load_factors, resolve_model_folder
+
+    root = _root(a.root) if a.root or not (Path(a.a).exists() and Path(a.b).exists()) else None
+    folders = [resolve_model_folder(x, root) for x in (a.a, a.b)]
+    fa, fb = (load_factors(f) for f in folders)
+    diff = diff_factors(fa, fb)
+    keys = [factors_key(fa), factors_key(fb)]
+    if a.json:
+        _emit_json(
+            {
+                "a": {"folder": str(folders[0]), "key": keys[0]},
+                "b": {"folder": str(folders[1]), "key": keys[1]},
+                **diff.as_dict(),
+            }
+        )
+        return 0
+    for label, folder, key in zip("AB", folders, keys, strict=True):
+        print(f"{label}: {folder}  (key {key[:16]}..)")
+    print(diff.summary())
+    details = diff.lines()
+    if len(details) > 1:
+        for line in details:
+            print(f"  {line}")
+    return 0
+
+
+def _cmd_verify(a: argparse.Namespace) -> int:
+    from fxpiece.cache_admin import verify_cache
+
+    report = verify_cache(_root(a.root), repair=a.repair)
+    if a.json:
+        _emit_json(report.as_dict())
+        return 0 if report.ok else 1
+    files = sum(i.good_files + len(i.problems) for i in report.indexes)
+    print(
+        f"verified {report.root}: {len(report.indexes)} index(es) ({files} files), "
+        f"{report.artifacts_checked} artifact(s) ({format_bytes(report.artifact_bytes)})"
+    )
+    for ix in report.indexes:
+        for p in ix.problems:
+            fate = f"moved aside to {p.moved_to}" if p.moved_to else "left in place"
+            print(f"BAD INDEX FILE  {p.file}: {p.reason} ({fate})")
+    for pr in report.problems:
+        print(f"BAD ARTIFACT  {_short_path(pr.artifact)}: {pr.reason}")
+        for ref in pr.referenced_by:
+            print(f"    used by {ref}")
+        if report.repaired:
+            fate = f"moved aside to {pr.moved_to}" if pr.moved_to else "nothing to move"
+            print(f"    repaired: {fate}; {pr.entries_removed} index entry(ies) removed")
+    if report.unreferenced:
+        print(
+            f"unreferenced artifacts: {len(report.unreferenced)} (never loaded; "
+            "`fxpiece cache prune` removes them first)"
+        )
+    for w in report.warnings:
+        print(f"warning: {w}")
+    n = len(report.problems) + report.index_problems
+    if report.ok:
+        print("OK")
+    elif report.repaired:
+        print(f"{n} problem(s) repaired: bad files moved aside; the next run recompiles them")
+    else:
+        print(f"{n} problem(s); `fxpiece cache verify --repair` moves them aside to recompile")
+    return 0 if report.ok else 1
+
+
+def _cmd_prune(a: argparse.Namespace) -> int:
+    from fxpiece.cache_admin import prune_cache
+
+    res = prune_cache(
+        _root(a.root), max_size=a.max_size, older_than=a.older_than, dry_run=a.dry_run
+    )
+    if a.json:
+        _emit_json(res.as_dict())
+        return 0
+    verb = "would remove" if res.dry_run else "removed"
+    entries = sum(r.entries_removed for r in res.removed)
+    limit = f" (limit {format_bytes(res.max_size)})" if res.max_size is not None else ""
+    print(
+        f"pruned {res.root}: {verb} {len(res.removed)} artifact(s) "
+        f"({format_bytes(res.bytes_before - res.bytes_after)}) and {entries} index "
+        f"entry(ies); artifacts {format_bytes(res.bytes_before)} -> "
+        f"{format_bytes(res.bytes_after)}{limit}"
+    )
+    now = time.time()
+    rows = [
+        [
+            verb if i < len(res.removed) else "kept",
+            _short_path(r.artifact),
+            format_bytes(r.size),
+            _when(r.mtime, now),
+            r.reason,
+        ]
+        for i, r in enumerate([*res.removed, *res.kept])
+    ]
+    if rows:
+        print(_table(["", "ARTIFACT", "SIZE", "LAST USE", "WHY"], rows, right=(2,)))
+    if not res.size_target_met:
+        print("note: the size limit is not met: the rest is in use (see 'kept')")
+    return 0
+
+
+def _cmd_pack(a: argparse.Namespace) -> int:
+    from fxpiece.cache_admin import pack_cache
+
+    res = pack_cache(Path(a.root).expanduser(), Path(a.output), include_inductor=a.include_inductor)
+    if a.json:
+        _emit_json(res.as_dict())
+        return 0
+    print(
+        f"packed {res.files} file(s) ({format_bytes(res.bytes)}) into {res.archive} "
+        f"({format_bytes(res.archive_bytes)})"
+    )
+    for s in res.skipped:
+        print(f"skipped: {s}")
+    return 0
+
+
+def _cmd_unpack(a: argparse.Namespace) -> int:
+    from fxpiece.cache_admin import unpack_cache
+
+    res = unpack_cache(Path(a.file), Path(a.root).expanduser())
+    if a.json:
+        _emit_json(res.as_dict())
+        return 0
+    print(
+        f"unpacked {res.written} file(s) into {res.root} ({res.unchanged} already there, "
+        f"{format_bytes(res.bytes)} checked)"
+    )
+    return 0
+
+
+# -- parser -----------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fxpiece",
+        description="fxpiece: a piecewise torch.compile backend and its compile cache",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("demo", help="compile a toy Llama piecewise, cold and warm", add_help=False)
+    cache = sub.add_parser("cache", help="inspect and operate the compile cache")
+    cs = cache.add_subparsers(dest="cache_command", required=True, metavar="SUBCOMMAND")
+    root_help = "cache root (default: FXPIECE_CACHE_ROOT, else ~/.cache/fxpiece)"
+
+    def add(
+        name: str, help: str, fn: Callable[[argparse.Namespace], int]
+    ) -> argparse.ArgumentParser:
+        p = cs.add_parser(name, help=help, description=help)
+        p.add_argument("--json", action="store_true", help="print JSON")
+        p.set_defaults(func=fn)
+        return p
+
+    p = add("ls", "list models: keys, pieces, ranges, sizes on disk, last use", _cmd_ls)
+    p.add_argument("root", nargs="?", metavar="ROOT", help=root_help)
+
+    p = add("explain", "which cache-key factors differ between two keys or folders", _cmd_explain)
+    p.add_argument("a", metavar="A", help="a model folder, or a key prefix (optionally KEY/TAG)")
+    p.add_argument("b", metavar="B", help="the other one")
+    p.add_argument("--root", help=f"where to look up key prefixes; {root_help}")
+
+    p = add("verify", "check every index and artifact checksum", _cmd_verify)
+    p.add_argument("root", nargs="?", metavar="ROOT", help=root_help)
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="move bad files aside (*.corrupt-<time>, never deleted) and drop their entries",
+    )
+
+    p = add("prune", "remove least recently used artifacts", _cmd_prune)
+    p.set_defaults(parser=p)
+    p.add_argument("root", nargs="?", metavar="ROOT", help=root_help)
+    p.add_argument("--max-size", type=parse_size, metavar="SIZE", help="e.g. 10G, 500M, 1024")
+    p.add_argument("--older-than", type=parse_age, metavar="AGE", help="e.g. 7d, 12h, 30m")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+
+    p = add("pack", "write the cache into one archive with a checksummed manifest", _cmd_pack)
+    p.add_argument("root", metavar="ROOT", help="the cache root to pack")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help=".tar, .tar.gz, .tgz...")
+    p.add_argument(
+        "--include-inductor", action="store_true", help="also pack inductor/ (Inductor's cache)"
+    )
+
+    p = add("unpack", "verify an archive and unpack it into a cache root", _cmd_unpack)
+    p.add_argument("file", metavar="FILE", help="an archive written by `fxpiece cache pack`")
+    p.add_argument("root", metavar="ROOT", help="the cache root to unpack into")
+    return parser
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        msg = e.strerror
+        if e.filename and str(e.filename) not in msg:
+            msg += f": {e.filename}"
+        return msg
+    return str(e)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="fxpiece", description="fxpiece command line")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="compile a toy Llama piecewise, cold and warm", add_help=False)
     if argv[:1] == ["demo"]:
         from fxpiece.demo import main as demo_main
 
         return demo_main(argv[1:])
-    parser.parse_args(argv)
-    return 2
+    parser = _parser()
+    a = parser.parse_args(argv)
+    if getattr(a, "cache_command", None) == "prune" and a.max_size is a.older_than is None:
+        a.parser.error("give --max-size SIZE or --older-than AGE (or both)")
+    from fxpiece.errors import ConfigError
+
+    try:
+        code: int = a.func(a)
+    except (OSError, ConfigError) as e:
+        print(f"fxpiece: error: {_message(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code

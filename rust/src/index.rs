@@ -352,6 +352,13 @@ pub fn verify_bytes<'a>(path: &Path, data: &'a [u8]) -> Result<&'a [u8]> {
         ));
     }
     let body = &rest[..len];
+    let tail = &rest[len..];
+    if !(tail.is_empty() || tail == b"\n") {
+        return Err(Error::corrupt(
+            path,
+            format!("{} unexpected bytes after the {len}-byte body", tail.len()),
+        ));
+    }
     if to_hex(blake3::hash(body).as_bytes()) != sum {
         return Err(Error::corrupt(path, "checksum mismatch"));
     }
@@ -1287,6 +1294,13 @@ mod tests {
         flipped[last] ^= 0x20;
         fs::write(&p, &flipped).unwrap();
         assert!(matches!(verify_file(&p), Err(Error::Corrupt { .. })));
+        let mut longer = good.clone();
+        longer.extend_from_slice(b"{\"extra\": 1}\n");
+        fs::write(&p, &longer).unwrap();
+        assert!(verify_file(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("unexpected bytes"));
         fs::write(&p, &good[..good.len() / 2]).unwrap();
         let err = verify_file(&p).unwrap_err();
         assert!(err.to_string().contains("truncated"), "{err}");

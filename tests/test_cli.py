@@ -371,3 +371,27 @@ def test_errors_are_messages_with_exit_codes(tmp_path: Path) -> None:
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2
+
+
+def test_bench_hash_on_given_files(tmp_path: Path) -> None:
+    for i in range(5):
+        (tmp_path / f"m{i}.py").write_text(f"x = {i}\n" * 100)
+    p = subprocess.run(
+        [sys.executable, "-m", "fxpiece", "bench", "hash", str(tmp_path), "--runs", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["files"] == 5 and out["bytes"] == sum(
+        f.stat().st_size for f in tmp_path.glob("*.py")
+    )
+    assert out["reference_over_fxpiece"] > 0 and out["fxpiece_over_floor"] > 0
+    human = subprocess.run(
+        [sys.executable, "-m", "fxpiece", "bench", "hash", str(tmp_path), "--runs", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert human.returncode == 0 and "reference / fxpiece" in human.stdout

@@ -328,6 +328,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("demo", help="compile a toy Llama piecewise, cold and warm", add_help=False)
+    bench = sub.add_parser("bench", help="benchmarks")
+    bs = bench.add_subparsers(dest="bench_command", required=True, metavar="SUBCOMMAND")
+    bs.add_parser(
+        "hash",
+        help="hash files the fxpiece way vs the reference way vs the read floor",
+        add_help=False,
+    )
     cache = sub.add_parser("cache", help="inspect and operate the compile cache")
     cs = cache.add_subparsers(dest="cache_command", required=True, metavar="SUBCOMMAND")
     root_help = "cache root (default: FXPIECE_CACHE_ROOT, else ~/.cache/fxpiece)"
@@ -392,6 +399,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fxpiece.demo import main as demo_main
 
         return demo_main(argv[1:])
+    if argv[:2] == ["bench", "hash"]:
+        from fxpiece.bench_hash import main as bench_hash_main
+
+        return bench_hash_main(argv[2:])
     parser = _parser()
     a = parser.parse_args(argv)
     if getattr(a, "cache_command", None) == "prune" and a.max_size is a.older_than is None:

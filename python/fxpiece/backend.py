@@ -303,11 +303,9 @@ class Backend:
         ]
         done: dict[str, Callable[..., Any]] = {}
         with _torch_compat.inductor_cache_dir(inductor_dir):
-            all_work = [w for p in plans for w in p.work]
-            self.before_build(all_work, model_cache)
-            claimed = self._compile_unclaimed(all_work, model_cache)
+            self.before_build([w for p in plans for w in p.work], model_cache)
             for plan in plans:
-                runner = self._build_piece(plan, model_cache, done, claimed)
+                runner = self._build_piece(plan, model_cache, done)
                 gstats.runners.append(runner)
                 # Not a submodule assignment: the runner is not an nn.Module.
                 split_gm.__dict__[plan.item.name] = runner
@@ -385,54 +383,11 @@ class Backend:
         """Hook run after planning, before any entry is loaded or compiled
         (:mod:`fxpiece.distributed` uses it to share artifacts between ranks)."""
 
-    def _compile_unclaimed(
-        self, work: Sequence[Work], model_cache: ModelCache | None
-    ) -> dict[str, tuple[Callable[..., Any], float]]:
-        """Work stealing across processes sharing the cache: compile every
-        missing digest whose lease is free, skipping those another process
-        holds, so N processes compile different pieces in parallel. What was
-        skipped is waited for and loaded by the build loop."""
-        out: dict[str, tuple[Callable[..., Any], float]] = {}
-        if model_cache is None or model_cache.readonly or self.config.require_cache_hit:
-            return out
-        lease_dir = ensure_private_dir(model_cache.root / "locks")
-        groups: dict[str, list[Work]] = {}
-        for w in work:
-            groups.setdefault(w.ctx.digest, []).append(w)
-
-        def indexed(digest: str) -> bool:
-            # Identical pieces share one entry: any of them being indexed will do.
-            return any(self._indexed(x, model_cache) for x in groups[digest])
-
-        for digest, same in groups.items():
-            if indexed(digest):
-                continue
-            w = same[0]
-            lease = Lease.try_acquire(str(lease_dir / f"{digest}.lease"), ttl=self.config.lease_ttl)
-            if lease is None:
-                continue  # another process is on it
-            try:
-                model_cache.index.refresh()
-                if indexed(digest):
-                    continue
-                self._count("num_cache_misses")
-                t0 = time.perf_counter()
-                fn = self._compile(w.item, w.entry, w.args, w.ctx, model_cache, w.stats)
-                out[digest] = (fn, time.perf_counter() - t0)
-            finally:
-                lease.release()
-        return out
-
-    def _indexed(self, w: Work, model_cache: ModelCache) -> bool:
-        value = model_cache.index.get(self._index_key(w.item, w.entry))
-        return isinstance(value, dict) and value.get("digest") == w.ctx.digest
-
     def _build_piece(
         self,
         plan: PiecePlan,
         model_cache: ModelCache | None,
         done: dict[str, Callable[..., Any]],
-        claimed: dict[str, tuple[Callable[..., Any], float]],
     ) -> PieceRunner:
         cfg = self.config
         it = plan.item
@@ -443,12 +398,7 @@ class Backend:
             t0 = time.perf_counter()
             before = (w.stats.compiled, w.stats.loaded)
             fn = done.get(w.ctx.digest)
-            pre = claimed.pop(w.ctx.digest, None)
-            if pre is not None:
-                fn, secs = pre  # compiled by the work-stealing pass
-                t0 -= secs
-                action = "compiled"
-            elif fn is not None:
+            if fn is not None:
                 # An identical piece (another layer) was just compiled or loaded.
                 w.stats.reused += 1
                 self._count("num_cache_hits")

@@ -310,17 +310,9 @@ def test_golden_digests(name: str) -> None:
     assert hash_factors(value) == digest
 
 
-# Child processes load the extension module alone: `import fxpiece` also imports
-# torch (seconds per process), which these children do not need.
-_LOAD_NATIVE = r"""
-import importlib.machinery as _m, importlib.util as _u, os as _os
-_dir = list(_u.find_spec("fxpiece").submodule_search_locations)[0]
-_so = next(_os.path.join(_dir, "_native" + s) for s in _m.EXTENSION_SUFFIXES
-           if _os.path.exists(_os.path.join(_dir, "_native" + s)))
-_spec = _u.spec_from_file_location("fxpiece._native", _so)
-native = _u.module_from_spec(_spec)
-_spec.loader.exec_module(native)
-"""
+# Child processes import only the native module (importing fxpiece does not
+# import torch; the backend's modules load lazily).
+_LOAD_NATIVE = "from fxpiece import _native as native\n"
 
 _SUBPROCESS = r"""
 import json, sys

@@ -35,19 +35,25 @@ def _files(root: Path) -> dict[str, float]:
     return {str(p): p.stat().st_mtime for p in root.rglob("*")}
 
 
+def _readonly_mount(folder: str, then: str, setup: str = "") -> list[str]:
+    """A command running ``then`` in a private mount namespace where
+    ``folder`` is bind-mounted read-only."""
+    return [
+        "unshare",
+        "--user",
+        "--map-root-user",
+        "--mount",
+        "sh",
+        "-c",
+        f"{setup}mount --bind {folder} {folder} && mount -o remount,bind,ro {folder} && {then}",
+    ]
+
+
 def _can_mount_readonly() -> bool:
     if shutil.which("unshare") is None:
         return False
     r = subprocess.run(
-        [
-            "unshare",
-            "--user",
-            "--map-root-user",
-            "--mount",
-            "sh",
-            "-c",
-            "d=$(mktemp -d) && mount --bind $d $d && mount -o remount,bind,ro $d && ! touch $d/x",
-        ],
+        _readonly_mount("$d", "! touch $d/x", setup="d=$(mktemp -d) && "),
         capture_output=True,
     )
     return r.returncode == 0
@@ -69,16 +75,7 @@ def _run(
 ) -> dict[str, object]:
     cmd = [sys.executable, str(script), str(cache), str(layers), json.dumps(extra)]
     if readonly_mount:
-        inner = " ".join(f"'{c}'" for c in cmd)
-        cmd = [
-            "unshare",
-            "--user",
-            "--map-root-user",
-            "--mount",
-            "sh",
-            "-c",
-            f"mount --bind {cache} {cache} && mount -o remount,bind,ro {cache} && {inner}",
-        ]
+        cmd = _readonly_mount(str(cache), " ".join(f"'{c}'" for c in cmd))
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     result: dict[str, object] = json.loads(p.stdout.strip().splitlines()[-1])

@@ -191,13 +191,13 @@ def test_foreign_lease_respected_while_fresh_taken_over_when_expired(tmp_path: P
 
 def test_lease_rules(tmp_path: Path) -> None:
     p = str(tmp_path / "x.lease")
-    a = Lease.try_acquire(p, host="h1", ttl=0.3)
+    a = Lease.try_acquire(p, host="h1", ttl=1.5)
     assert a is not None
     assert Lease.try_acquire(p, host="h2") is None
     info = read_lease(p)
     assert info is not None and info.host == "h1" and info.pid == os.getpid()
-    time.sleep(0.5)
-    # The heartbeat renews it: still fresh after more than its ttl.
+    time.sleep(2.0)
+    # The heartbeat (every ttl/3) renews it: still fresh after more than its ttl.
     info = read_lease(p)
     assert info is not None and not Lease.is_stale(info, host="h2")
     a.release()

@@ -219,42 +219,10 @@ class Backend:
         fake_args = _fake_inputs(example_inputs, fake_mode)
 
         t0 = time.perf_counter()
-        factors: KeyFactors | None = None
-        miss_explanation: str | None = None
-        model_cache: ModelCache | None = None
-        root: Path | None = None
-        inductor_dir: str | None = None
+        factors, model_cache, inductor_dir, miss_explanation = (
+            self._open_cache(gm, fake_args, model_tag) if cache_on else (None, None, None, None)
+        )
         readonly = cfg.cache_readonly
-        if cache_on and readonly:
-            root = cfg.resolved_cache_dir()
-            inductor_dir = _readonly_inductor_dir(root)
-        elif cache_on:
-            root = ensure_private_dir(cfg.resolved_cache_dir())
-            inductor_dir = str(ensure_private_dir(root / "inductor"))
-        if cache_on and root is not None:
-            # Inside the cache: the key's ISA probe compiles test programs.
-            with _torch_compat.inductor_cache_dir(inductor_dir):
-                factors = make_key_factors(
-                    cfg,
-                    self.compiler.compute_hash(),
-                    gm,
-                    fake_args,
-                    _torch_compat.traced_files(),
-                )
-            if not (root / "models" / factors.key[:32] / model_tag).is_dir():
-                miss_explanation = self._explain_new_key(root, model_tag, factors)
-                if cfg.require_cache_hit:
-                    raise CacheMissError(
-                        errno.ENOENT,
-                        f"require_cache_hit: no cache for model tag {model_tag!r} under "
-                        f"key {factors.key[:16]}; {miss_explanation}",
-                        str(root),
-                    )
-            model_cache = ModelCache(
-                root, factors.key, model_tag, trust=cfg.allow_untrusted_cache, readonly=readonly
-            )
-            if not readonly:
-                model_cache.write_factors(factors.as_dict())
         key_s = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -313,6 +281,41 @@ class Backend:
         gstats.load_s = sum(p.load_s for p in gstats.pieces)
         gstats.total_s = time.perf_counter() - t_start
         return split_gm
+
+    def _open_cache(
+        self, gm: torch.fx.GraphModule, fake_args: Sequence[Any], model_tag: str
+    ) -> tuple[KeyFactors, ModelCache, str, str | None]:
+        """Compute the key and open the model's cache folder: ``(factors,
+        model cache, Inductor's cache dir, why the key is new or None)``."""
+        cfg = self.config
+        readonly = cfg.cache_readonly
+        if readonly:
+            root = cfg.resolved_cache_dir()
+            inductor_dir = _readonly_inductor_dir(root)
+        else:
+            root = ensure_private_dir(cfg.resolved_cache_dir())
+            inductor_dir = str(ensure_private_dir(root / "inductor"))
+        # Inside the cache: the key's ISA probe compiles test programs.
+        with _torch_compat.inductor_cache_dir(inductor_dir):
+            factors = make_key_factors(
+                cfg, self.compiler.compute_hash(), gm, fake_args, _torch_compat.traced_files()
+            )
+        miss_explanation = None
+        if not (root / "models" / factors.key[:32] / model_tag).is_dir():
+            miss_explanation = self._explain_new_key(root, model_tag, factors)
+            if cfg.require_cache_hit:
+                raise CacheMissError(
+                    errno.ENOENT,
+                    f"require_cache_hit: no cache for model tag {model_tag!r} under "
+                    f"key {factors.key[:16]}; {miss_explanation}",
+                    str(root),
+                )
+        model_cache = ModelCache(
+            root, factors.key, model_tag, trust=cfg.allow_untrusted_cache, readonly=readonly
+        )
+        if not readonly:
+            model_cache.write_factors(factors.as_dict())
+        return factors, model_cache, inductor_dir, miss_explanation
 
     def _explain_new_key(self, root: Path, model_tag: str, factors: KeyFactors) -> str:
         """Why this key is new: the factors that differ from the nearest

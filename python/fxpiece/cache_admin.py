@@ -49,6 +49,7 @@ from fxpiece.index import (
     verify_index_file,
 )
 from fxpiece.lease import Lease, read_lease
+from fxpiece.store import quarantine
 
 __all__ = [
     "PACK_FORMAT",
@@ -684,21 +685,6 @@ def list_cache(root: str | os.PathLike[str]) -> CacheListing:
 # -- verify ---------------------------------------------------------------------
 
 
-def _quarantine(path: Path) -> Path | None:
-    """Move a bad file aside (``<name>.corrupt-<unix time>``), never deleting it."""
-    stamp = int(time.time())
-    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
-    n = 1
-    while aside.exists() or aside.is_symlink():
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}.{n}")
-        n += 1
-    try:
-        os.rename(path, aside)
-    except OSError:
-        return None
-    return aside
-
-
 def _remove_entries(refs: Sequence[_Ref], indexes: dict[Path, CacheIndex]) -> int:
     """Remove the entries in ``refs`` unless another process replaced them."""
     removed = 0
@@ -780,7 +766,7 @@ def verify_cache(root: str | os.PathLike[str], repair: bool = False) -> CacheVer
                 st2 = _lstat(path)
                 if _check_artifact(path, st2, again[0].digest if again else None, refs) is None:
                     continue
-                aside = _quarantine(path)
+                aside = quarantine(path)
                 moved = str(aside.relative_to(root_p)) if aside else None
             removed = _remove_entries(refs, indexes)
         problems.append(

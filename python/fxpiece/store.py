@@ -131,10 +131,16 @@ class ArtifactStore:
 
 
 def quarantine(path: Path) -> Path | None:
-    """Move a bad file aside, never deleting it."""
-    aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+    """Move a bad file aside (``<name>.corrupt-<unix time>``), never deleting
+    it, not even an earlier quarantined copy; ``None`` if it cannot be moved."""
+    stamp = int(time.time())
+    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while aside.exists() or aside.is_symlink():
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}.{n}")
+        n += 1
     try:
-        os.replace(path, aside)
+        os.rename(path, aside)
     except OSError:
         return None
     return aside

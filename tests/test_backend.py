@@ -788,7 +788,7 @@ def test_model_tag_selects_the_cache_subfolder(cache_root: Path) -> None:
     model = make_toy(1)
     g0, _ = _compile_and_run(model, eager_config(cache_dir=str(cache_root)))
     assert g0.cache_folder.name == "backbone"
-    with fxpiece.set_model_tag("enc", is_encoder=True):
+    with fxpiece.set_model_tag("enc"):
         g1, d1 = _compile_and_run(model, eager_config(cache_dir=str(cache_root)))
     assert g1.cache_folder == g0.cache_folder.parent / "enc"
     assert d1.get("num_cache_hits", 0) == 0  # another model's entries

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from fxpiece.cache_admin import ArchiveError, list_cache, unpack_cache, verify_cache
-from fxpiece.lease import Lease
+from fxpiece.cache.admin import ArchiveError, list_cache, unpack_cache, verify_cache
+from fxpiece.cache.lease import Lease
 
 _SCRIPT = shutil.which("fxpiece", path=str(Path(sys.executable).parent))
 CLI = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "fxpiece"]

@@ -326,14 +326,14 @@ def test_from_env_bad_values(var: str, raw: str, field: str) -> None:
 def test_set_model_tag_nests_and_restores() -> None:
     assert current_model_tag() is None
     with set_model_tag("outer"):
-        assert current_model_tag() == fxpiece.context.ModelTag("outer", False)
-        with set_model_tag("enc", is_encoder=True):
+        assert current_model_tag() == fxpiece.context.ModelTag("outer")
+        with set_model_tag("enc"):
             tag = current_model_tag()
-            assert tag is not None and tag.tag == "enc" and tag.is_encoder
-        assert current_model_tag() == fxpiece.context.ModelTag("outer", False)
+            assert tag is not None and tag.tag == "enc"
+        assert current_model_tag() == fxpiece.context.ModelTag("outer")
         with pytest.raises(RuntimeError), set_model_tag("boom"):
             raise RuntimeError
-        assert current_model_tag() == fxpiece.context.ModelTag("outer", False)
+        assert current_model_tag() == fxpiece.context.ModelTag("outer")
     assert current_model_tag() is None
 
 

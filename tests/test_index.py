@@ -29,7 +29,7 @@ from fxpiece import (
     verify_index,
     verify_index_file,
 )
-from fxpiece.index import write_atomic
+from fxpiece.cache.index import write_atomic
 
 K1 = (1, 8, 0, "inductor")
 K2 = (9, 32, 1, "inductor")
@@ -409,7 +409,8 @@ _LOAD_NATIVE = "from fxpiece import _native as native\n"
 
 _MOUNT_MAIN = r"""
 import errno, json, os, subprocess, sys, traceback, warnings
-CacheError, CacheIndex = native.CacheError, native.CacheIndex
+from fxpiece.errors import CacheError
+CacheIndex = native.CacheIndex
 
 mnt, size = sys.argv[1], sys.argv[2]
 r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", mnt],
@@ -458,6 +459,7 @@ def _run_mounted(tmp_path: pathlib.Path, scenario: str, size: str) -> dict[str, 
             timeout=120,
         )
         lines = proc.stdout.strip().splitlines()
+        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]  # the scenario crashed
         if proc.returncode != 0 or not lines:
             reasons.append(f"{launcher or 'direct'}: rc={proc.returncode} {proc.stderr[-300:]}")
             continue

@@ -15,14 +15,14 @@ import pytest
 import torch
 
 import fxpiece
-from fxpiece.lease import Lease, read_lease
+from fxpiece.cache.lease import Lease, namespace_id, read_lease
 from fxpiece.toy_llama import ATTENTION_OP, ToyLlama, ToyLlamaConfig
 
 RANK_SCRIPT = textwrap.dedent(
     """
     import json, os, sys, time, torch, fxpiece
     from fxpiece.toy_llama import ToyLlama, ToyLlamaConfig
-    from fxpiece.compilers import EagerCompiler
+    from fxpiece.piecewise.compilers import EagerCompiler
 
     class SlowEager(EagerCompiler):
         # Same name and hash as "eager": the same digests. Sleeps in compile when asked.
@@ -199,7 +199,7 @@ def test_lease_rules(tmp_path: Path) -> None:
     time.sleep(2.0)
     # The heartbeat (every ttl/3) renews it: still fresh after more than its ttl.
     info = read_lease(p)
-    assert info is not None and not Lease.is_stale(info, host="h2")
+    assert info is not None and not Lease.is_stale(info, ttl=1.5, host="h2")
     a.release()
     assert not os.path.exists(p)
     # A lease of a dead pid on this host is stale at once.
@@ -209,14 +209,17 @@ def test_lease_rules(tmp_path: Path) -> None:
         text=True,
         check=True,
     )
-    Path(p).write_text(
-        json.dumps({"host": "h1", "pid": int(dead.stdout), "token": "t", "ttl": 999})
-    )
+    lease = {"host": "h1", "ns": namespace_id(), "pid": int(dead.stdout), "token": "t"}
+    Path(p).write_text(json.dumps({**lease, "ttl": 999}))
     info = read_lease(p)
-    assert info is not None and Lease.is_stale(info, host="h1")
-    assert not Lease.is_stale(info, host="other-host")
-    b = Lease.take_over(p, info, host="h1")
+    assert info is not None and Lease.is_stale(info, ttl=30, host="h1")
+    assert not Lease.is_stale(info, ttl=30, host="other-host")
+    # The same host name in another PID namespace (a container): its pids are not ours.
+    Path(p).write_text(json.dumps({**lease, "ns": "other-boot:1"}))
+    assert not Lease.is_stale(read_lease(p), ttl=30, host="h1")  # type: ignore[arg-type]
+    Path(p).write_text(json.dumps(lease))
+    b = Lease.take_over(p, info, host="h1", ttl=30)
     assert b is not None and read_lease(p) is not None
     # Taking over a lease that changed since it was seen fails.
-    assert Lease.take_over(p, info, host="h1") is None
+    assert Lease.take_over(p, info, host="h1", ttl=30) is None
     b.release()

@@ -18,7 +18,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from fxpiece import ConfigError, SplitItem, split_graph
-from fxpiece.split import decompose_size_nodes
+from fxpiece.piecewise.split import decompose_size_nodes
 
 aten = torch.ops.aten
 

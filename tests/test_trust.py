@@ -70,17 +70,20 @@ def test_model_tag_cannot_escape_the_cache(tag: str) -> None:
 
 
 def test_handle_pointing_out_of_the_cache_is_not_followed(tmp_path: Path) -> None:
-    from fxpiece.store import ArtifactStore
+    from fxpiece.cache.layout import CacheLayout
+    from fxpiece.cache.store import ArtifactStore, checksum, encode_artifact
 
     root = tmp_path / "root"
-    (root / "artifacts").mkdir(parents=True)
+    store = ArtifactStore(CacheLayout(root))
+    handle = store.put("ab" * 32, b"payload")
+    assert store.load(handle) == b"payload"
     outside = tmp_path / "evil.bin"
-    outside.write_bytes(b"x")
-    digest = fxpiece.hash_files_report([str(outside)]).files[0].digest
-    store = ArtifactStore(root)
-    assert store.verified_path({"artifact": "../evil.bin", "blake3": digest}) is None
-    (root / "artifacts" / "link").symlink_to(outside)
-    assert store.verified_path({"artifact": "artifacts/link", "blake3": digest}) is None
-    inside = root / "artifacts" / "ok"
-    inside.write_bytes(b"x")
-    assert store.verified_path({"artifact": "artifacts/ok", "blake3": digest}) == inside.resolve()
+    outside.write_bytes(encode_artifact(b"evil"))
+    evil = {"artifact": "../evil.bin", "blake3": checksum(b"evil"), "size": 4}
+    assert store.load(evil) is None
+    # A symlink in place of the artifact is never followed (even to a valid file).
+    link = root / "artifacts" / "cd" / ("cd" * 32)
+    link.parent.mkdir(mode=0o700)
+    link.symlink_to(outside)
+    assert store.load({**evil, "artifact": f"artifacts/cd/{'cd' * 32}"}) is None
+    assert not link.is_symlink(), "the symlink was moved aside"

@@ -9,6 +9,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from fxpiece.cache.index import (
+    CacheIndex,
+    IndexProblem,
+    VerifyReport,
+    verify_index,
+    verify_index_file,
+)
 from fxpiece.context import current_compile_range, current_model_tag, set_model_tag
 from fxpiece.counters import Counters, counters
 from fxpiece.errors import (
@@ -16,39 +23,42 @@ from fxpiece.errors import (
     CacheMissError,
     CacheWarning,
     ConfigError,
+    CorruptArtifactError,
     CorruptIndexError,
+    FxpieceError,
+    HostileFileError,
     LockTimeoutError,
     SizeOutOfRangeError,
     UntrustedCacheError,
 )
 from fxpiece.hashing import FileDigest, FilesReport, hash_factors, hash_files, hash_files_report
-from fxpiece.index import CacheIndex, IndexProblem, VerifyReport, verify_index, verify_index_file
 from fxpiece.ranges import Range
 
 # Everything that imports torch is imported on first use (PEP 562), so the
 # ``fxpiece cache`` commands and torch-free modules start in milliseconds.
 if TYPE_CHECKING:
     from fxpiece.api import CompiledModel, compile
-    from fxpiece.backend import Backend, BackendStats, GraphStats, PieceStats
-    from fxpiece.compiler_interface import CompileContext, CompileResult, CompilerInterface
     from fxpiece.config import CompileConfig
-    from fxpiece.passes import InductorPass
-    from fxpiece.split import SplitItem, split_graph
+    from fxpiece.piecewise.backend import Backend
+    from fxpiece.piecewise.interface import CompileContext, CompileResult, CompilerInterface
+    from fxpiece.piecewise.passes import InductorPass
+    from fxpiece.piecewise.split import SplitItem, split_graph
+    from fxpiece.piecewise.stats import BackendStats, GraphStats, PieceStats
 
 _LAZY = {
     "CompiledModel": "fxpiece.api",
     "compile": "fxpiece.api",
-    "Backend": "fxpiece.backend",
-    "BackendStats": "fxpiece.backend",
-    "GraphStats": "fxpiece.backend",
-    "PieceStats": "fxpiece.backend",
-    "CompileContext": "fxpiece.compiler_interface",
-    "CompileResult": "fxpiece.compiler_interface",
-    "CompilerInterface": "fxpiece.compiler_interface",
+    "Backend": "fxpiece.piecewise.backend",
+    "BackendStats": "fxpiece.piecewise.stats",
+    "GraphStats": "fxpiece.piecewise.stats",
+    "PieceStats": "fxpiece.piecewise.stats",
+    "CompileContext": "fxpiece.piecewise.interface",
+    "CompileResult": "fxpiece.piecewise.interface",
+    "CompilerInterface": "fxpiece.piecewise.interface",
     "CompileConfig": "fxpiece.config",
-    "InductorPass": "fxpiece.passes",
-    "SplitItem": "fxpiece.split",
-    "split_graph": "fxpiece.split",
+    "InductorPass": "fxpiece.piecewise.passes",
+    "SplitItem": "fxpiece.piecewise.split",
+    "split_graph": "fxpiece.piecewise.split",
 }
 
 
@@ -80,11 +90,14 @@ __all__ = [
     "CompiledModel",
     "CompilerInterface",
     "ConfigError",
+    "CorruptArtifactError",
     "CorruptIndexError",
     "Counters",
     "FileDigest",
     "FilesReport",
+    "FxpieceError",
     "GraphStats",
+    "HostileFileError",
     "IndexProblem",
     "InductorPass",
     "LockTimeoutError",

@@ -8,12 +8,11 @@ from typing import Any
 
 import torch
 
-from fxpiece import _torch_compat
-from fxpiece.backend import Backend, BackendStats
 from fxpiece.config import CompileConfig
-from fxpiece.errors import CacheError, ConfigError, SizeOutOfRangeError
-
-FxpieceError = (CacheError, ConfigError, SizeOutOfRangeError)
+from fxpiece.errors import ConfigError, FxpieceError
+from fxpiece.piecewise import _torch_compat
+from fxpiece.piecewise.backend import Backend
+from fxpiece.piecewise.stats import BackendStats
 
 __all__ = ["CompiledModel", "compile"]
 

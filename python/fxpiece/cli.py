@@ -132,7 +132,7 @@ def _emit_json(value: Any) -> None:
 
 
 def _cmd_ls(a: argparse.Namespace) -> int:
-    from fxpiece.cache_admin import list_cache
+    from fxpiece.cache.admin import list_cache
 
     listing = list_cache(_root(a.root))
     if a.json:
@@ -186,7 +186,7 @@ def _cmd_ls(a: argparse.Namespace) -> int:
 
 
 def _cmd_explain(a: argparse.Namespace) -> int:
-    from fxpiece.explain import diff_factors, factors_key, load_factors, resolve_model_folder
+    from fxpiece.cache.explain import diff_factors, factors_key, load_factors, resolve_model_folder
 
     root = _root(a.root) if a.root or not (Path(a.a).exists() and Path(a.b).exists()) else None
     folders = [resolve_model_folder(x, root) for x in (a.a, a.b)]
@@ -213,7 +213,7 @@ def _cmd_explain(a: argparse.Namespace) -> int:
 
 
 def _cmd_verify(a: argparse.Namespace) -> int:
-    from fxpiece.cache_admin import verify_cache
+    from fxpiece.cache.admin import verify_cache
 
     report = verify_cache(_root(a.root), repair=a.repair)
     if a.json:
@@ -253,7 +253,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 
 
 def _cmd_prune(a: argparse.Namespace) -> int:
-    from fxpiece.cache_admin import prune_cache
+    from fxpiece.cache.admin import prune_cache
 
     res = prune_cache(
         _root(a.root), max_size=a.max_size, older_than=a.older_than, dry_run=a.dry_run
@@ -289,7 +289,7 @@ def _cmd_prune(a: argparse.Namespace) -> int:
 
 
 def _cmd_pack(a: argparse.Namespace) -> int:
-    from fxpiece.cache_admin import pack_cache
+    from fxpiece.cache.admin import pack_cache
 
     res = pack_cache(Path(a.root).expanduser(), Path(a.output), include_inductor=a.include_inductor)
     if a.json:
@@ -305,7 +305,7 @@ def _cmd_pack(a: argparse.Namespace) -> int:
 
 
 def _cmd_unpack(a: argparse.Namespace) -> int:
-    from fxpiece.cache_admin import unpack_cache
+    from fxpiece.cache.admin import unpack_cache
 
     res = unpack_cache(Path(a.file), Path(a.root).expanduser())
     if a.json:

@@ -14,20 +14,26 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fxpiece.compiler_interface import CompilerInterface
 from fxpiece.context import validate_path_part
 from fxpiece.errors import ConfigError
-from fxpiece.passes import InductorPass
 from fxpiece.ranges import Range, compile_entries, ranges_from_endpoints
 
-__all__ = ["BUILTIN_COMPILERS", "CompileConfig"]
+if TYPE_CHECKING:
+    from fxpiece.piecewise.interface import CompilerInterface
+    from fxpiece.piecewise.passes import InductorPass
+
+__all__ = ["BUILTIN_COMPILERS", "CompileConfig", "default_cache_root"]
+
+MAX_TOKENS = 2**31 - 1
+"""Largest token count (sizes are int32 in Inductor's generated code)."""
 
 BUILTIN_COMPILERS = ("inductor", "inductor-fx-cache", "eager")
 
@@ -35,15 +41,57 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+def default_cache_root(env: Mapping[str, str] | None = None) -> Path:
+    """``FXPIECE_CACHE_ROOT`` if set, else ``~/.cache/fxpiece`` (torch-free,
+    for the ``fxpiece cache`` commands)."""
+    e = os.environ if env is None else env
+    raw = e.get("FXPIECE_CACHE_ROOT")
+    if raw:
+        _check_path("FXPIECE_CACHE_ROOT", raw)
+        return Path(raw).expanduser()
+    return Path.home() / ".cache" / "fxpiece"
+
+
+def _check_path(name: str, value: str) -> None:
+    if not value or "\x00" in value:
+        raise ConfigError(name, f"must be a non-empty path without NUL bytes, got {value!r}")
+
+
 def _ints(name: str, value: Any) -> tuple[int, ...]:
-    if isinstance(value, int | str) or not hasattr(value, "__iter__"):
+    if isinstance(value, int | str | bytes) or not hasattr(value, "__iter__"):
         raise ConfigError(name, f"must be a list of ints, got {value!r}")
     out = []
     for v in value:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(name, f"every entry must be an int >= 1, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_TOKENS:
+            raise ConfigError(name, f"every entry must be an int in [1, {MAX_TOKENS}], got {v!r}")
         out.append(v)
     return tuple(sorted(set(out)))
+
+
+def _seconds(name: str, v: Any, low: float, high: float) -> None:
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, int | float)
+        or not math.isfinite(v)
+        or not low <= v <= high
+    ):
+        raise ConfigError(name, f"must be a finite number of seconds in [{low}, {high}], got {v!r}")
+
+
+def _json_like(v: Any, depth: int = 0) -> bool:
+    """JSON-like values (what Inductor options are), or objects with a
+    ``uuid()`` (Inductor's custom pass hooks), nested at most 32 levels."""
+    if depth > 32:
+        return False
+    if v is None or isinstance(v, bool | int | str):
+        return True
+    if isinstance(v, float):
+        return math.isfinite(v)
+    if isinstance(v, list | tuple):
+        return all(_json_like(x, depth + 1) for x in v)
+    if isinstance(v, Mapping):
+        return all(isinstance(k, str) and _json_like(x, depth + 1) for k, x in v.items())
+    return callable(getattr(v, "uuid", None))
 
 
 def _flag(name: str, raw: str) -> bool:
@@ -115,15 +163,25 @@ class CompileConfig:
         ops = self.splitting_ops
         if isinstance(ops, str) or callable(ops):
             ops = (ops,)
-        put("splitting_ops", tuple(ops))
+        if not hasattr(ops, "__iter__"):
+            raise ConfigError(
+                "splitting_ops", f"must be a list of op names or callables, got {ops!r}"
+            )
+        ops = tuple(ops)
+        for op in ops:
+            if not isinstance(op, str) and not callable(op):
+                raise ConfigError(
+                    "splitting_ops", f"{op!r} is neither an op name ('ns::op') nor a callable"
+                )
+        put("splitting_ops", ops)
         put(
             "compile_ranges_endpoints",
             _ints("compile_ranges_endpoints", self.compile_ranges_endpoints),
         )
         put("compile_sizes", _ints("compile_sizes", self.compile_sizes))
         m = self.max_num_tokens
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ConfigError("max_num_tokens", f"must be an int >= 1, got {m!r}")
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= MAX_TOKENS:
+            raise ConfigError("max_num_tokens", f"must be an int in [1, {MAX_TOKENS}], got {m!r}")
         too_big = [s for s in self.compile_sizes if s > m]
         if too_big:
             raise ConfigError(
@@ -138,22 +196,31 @@ class CompileConfig:
                     f"unknown compiler {c!r}; use one of {', '.join(BUILTIN_COMPILERS)} "
                     "or a fxpiece.CompilerInterface instance",
                 )
-        elif not isinstance(c, CompilerInterface):
+        elif not _is_compiler(c):
             raise ConfigError(
                 "compiler", f"{c!r} is not a compiler name nor a fxpiece.CompilerInterface"
             )
         if self.cache_dir is not None:
-            if not isinstance(self.cache_dir, str | os.PathLike) or not str(self.cache_dir):
+            if not isinstance(self.cache_dir, str | os.PathLike):
                 raise ConfigError("cache_dir", f"must be a path, got {self.cache_dir!r}")
-            put("cache_dir", os.fspath(self.cache_dir))
+            path = os.fspath(self.cache_dir)
+            if not isinstance(path, str):
+                raise ConfigError("cache_dir", f"must be a str path, got {path!r}")
+            _check_path("cache_dir", path)
+            put("cache_dir", path)
         if not isinstance(self.inductor_config, Mapping):
             raise ConfigError("inductor_config", "must be a dict of torch._inductor.config names")
         bad = [k for k in self.inductor_config if not isinstance(k, str)]
         if bad:
             raise ConfigError("inductor_config", f"keys must be str, got {bad!r}")
-        import torch._inductor.config as inductor_cfg
-
-        known = inductor_cfg.get_config_copy()
+        badv = [k for k, v in self.inductor_config.items() if not _json_like(v)]
+        if badv:
+            raise ConfigError(
+                "inductor_config",
+                f"values of {badv} are not JSON-like (None, bool, int, finite float, str, "
+                "lists and dicts of those) nor a custom pass with a uuid()",
+            )
+        known = _inductor_option_names() if self.inductor_config else frozenset()
         unknown = [k for k in self.inductor_config if k not in known]
         if unknown:
             near = {k: difflib.get_close_matches(k, list(known), n=3) for k in unknown}
@@ -167,7 +234,7 @@ class CompileConfig:
         put("inductor_config", MappingProxyType(dict(self.inductor_config)))
         passes = tuple(self.post_grad_passes)
         for p in passes:
-            if not isinstance(p, InductorPass):
+            if not _is_pass(p):
                 raise ConfigError(
                     "post_grad_passes", f"{p!r} is not an instance of fxpiece.InductorPass"
                 )
@@ -183,16 +250,16 @@ class CompileConfig:
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
-        for name in ("lock_timeout", "lease_ttl"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
-                raise ConfigError(name, f"must be a number of seconds > 0, got {v!r}")
+        _seconds("lock_timeout", self.lock_timeout, 0.001, 7 * 86400.0)
+        _seconds("lease_ttl", self.lease_ttl, 0.5, 86400.0)
         if self.static_graph_wrapper is not None and not callable(self.static_graph_wrapper):
             raise ConfigError("static_graph_wrapper", "must be a callable (a class or factory)")
-        # Resolve op names now so a typo fails here, not at compile time.
-        from fxpiece.ops import resolve_splitting_ops
+        # Resolve op names now so a typo fails here, not at compile time (a
+        # dotted name whose module is not imported yet is resolved by the backend).
+        if self.splitting_ops:
+            from fxpiece.piecewise.ops import resolve_splitting_ops
 
-        resolve_splitting_ops(self.splitting_ops)
+            resolve_splitting_ops(self.splitting_ops, import_modules=False)
 
     @property
     def compile_ranges(self) -> tuple[Range, ...]:
@@ -210,7 +277,7 @@ class CompileConfig:
     def resolved_cache_dir(self) -> Path:
         if self.cache_dir is not None:
             return Path(self.cache_dir).expanduser()
-        return Path.home() / ".cache" / "fxpiece"
+        return default_cache_root({})
 
     def replace(self, **changes: Any) -> CompileConfig:
         return dataclasses.replace(self, **changes)
@@ -273,3 +340,21 @@ class CompileConfig:
                 raise ConfigError("FXPIECE_MAX_NUM_TOKENS", f"{raw!r} is not an int") from None
         kw.update(overrides)
         return cls(**kw)
+
+
+def _is_compiler(c: Any) -> bool:
+    from fxpiece.piecewise.interface import CompilerInterface
+
+    return isinstance(c, CompilerInterface)
+
+
+def _is_pass(p: Any) -> bool:
+    from fxpiece.piecewise.passes import InductorPass
+
+    return isinstance(p, InductorPass)
+
+
+def _inductor_option_names() -> frozenset[str]:
+    from fxpiece.piecewise import _torch_compat
+
+    return _torch_compat.inductor_option_names()

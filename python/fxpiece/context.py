@@ -13,6 +13,7 @@ from fxpiece.errors import ConfigError
 from fxpiece.ranges import Range
 
 __all__ = [
+    "SAFE_NAME",
     "ModelTag",
     "current_compile_range",
     "current_model_tag",
@@ -20,13 +21,14 @@ __all__ = [
     "validate_path_part",
 ]
 
-_SAFE_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+"""A folder name that cannot escape the cache root (use with ``fullmatch``)."""
 
 
 def validate_path_part(field: str, value: str) -> str:
     """Names used as path parts cannot escape the cache root (no ``/``, no
     ``..``, not absolute, not hidden)."""
-    if not isinstance(value, str) or not _SAFE_PART.match(value) or ".." in value:
+    if not isinstance(value, str) or not SAFE_NAME.fullmatch(value) or ".." in value:
         raise ConfigError(
             field,
             f"{value!r} is not a safe folder name; use letters, digits, '.', '_', '+', '-' "
@@ -38,7 +40,6 @@ def validate_path_part(field: str, value: str) -> str:
 @dataclass(frozen=True, slots=True)
 class ModelTag:
     tag: str
-    is_encoder: bool = False
 
 
 _model_tag: ContextVar[ModelTag | None] = ContextVar("fxpiece_model_tag", default=None)
@@ -46,15 +47,15 @@ _compile_range: ContextVar[Range | None] = ContextVar("fxpiece_compile_range", d
 
 
 @contextlib.contextmanager
-def set_model_tag(tag: str, is_encoder: bool = False) -> Iterator[None]:
+def set_model_tag(tag: str) -> Iterator[None]:
     """Select the cache sub-folder for models compiled inside this block.
 
     >>> import fxpiece
-    >>> with fxpiece.set_model_tag("encoder", is_encoder=True):
+    >>> with fxpiece.set_model_tag("encoder"):
     ...     fxpiece.current_model_tag()
-    ModelTag(tag='encoder', is_encoder=True)
+    ModelTag(tag='encoder')
     """
-    token = _model_tag.set(ModelTag(validate_path_part("model_tag", tag), is_encoder))
+    token = _model_tag.set(ModelTag(validate_path_part("model_tag", tag)))
     try:
         yield
     finally:

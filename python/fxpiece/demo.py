@@ -65,6 +65,7 @@ def worker(
     import torch
 
     import fxpiece
+    from fxpiece.piecewise import _torch_compat
     from fxpiece.toy_llama import ToyLlama, ToyLlamaConfig
 
     torch.manual_seed(0)
@@ -88,7 +89,7 @@ def worker(
         stock = torch.compile(model, backend="inductor")
 
         def compiled(x: Any) -> Any:
-            torch._dynamo.decorators.mark_unbacked(x, 0)
+            _torch_compat.mark_token_dim(x, 0)
             return stock(x)
     else:
         compiled = model

@@ -16,66 +16,78 @@ every piece from its own cache.
 from __future__ import annotations
 
 import errno
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.distributed as dist
 
-from fxpiece.backend import Backend, Work
+from fxpiece.cache.model import ModelCache
+from fxpiece.cache.store import checksum
 from fxpiece.config import CompileConfig
 from fxpiece.errors import CacheError
-from fxpiece.store import ModelCache
+from fxpiece.piecewise.backend import Backend
+from fxpiece.piecewise.plan import Work
+from fxpiece.piecewise.stats import ProgressEvent
 
 __all__ = ["DistributedBackend"]
 
 
 class DistributedBackend(Backend):
     """A :class:`~fxpiece.Backend` whose ranks share compiled pieces through
-    ``torch.distributed`` collectives (any backend; gloo on CPU)."""
+    ``torch.distributed`` collectives (any backend; gloo on CPU). It works
+    through :meth:`Backend.before_build`."""
 
-    def __init__(self, config: CompileConfig | None = None, group: Any = None) -> None:
-        super().__init__(config)
+    def __init__(
+        self,
+        config: CompileConfig | None = None,
+        progress: Callable[[ProgressEvent], None] | None = None,
+        group: Any = None,
+    ) -> None:
+        super().__init__(config, progress)
         self.group = group
         self.shared_in = 0
         """Artifacts this rank received from other ranks."""
         self.shared_out = 0
         """Artifacts this rank sent to other ranks."""
 
+    @staticmethod
+    def _entry(w: Work, mc: ModelCache) -> dict[str, Any] | None:
+        value = mc.index.get(w.key)
+        if not isinstance(value, dict) or value.get("digest") != w.digest:
+            return None
+        return value
+
     def _loadable(self, w: Work, mc: ModelCache) -> bool:
-        value = mc.index.get(self._index_key(w.item, w.entry))
-        if not isinstance(value, dict) or value.get("digest") != w.ctx.digest:
+        value = self._entry(w, mc)
+        if value is None:
             return False
         handle = value.get("handle")
         if isinstance(handle, dict) and "artifact" in handle:
-            return mc.artifacts.verified_path(handle) is not None
+            return mc.artifacts.load(handle) is not None
         return True
 
     def _export(self, w: Work, mc: ModelCache) -> dict[str, Any]:
-        value = mc.index.get(self._index_key(w.item, w.entry))
+        value = self._entry(w, mc)
         data = None
-        handle = value.get("handle") if isinstance(value, dict) else None
+        handle = value.get("handle") if value is not None else None
         if isinstance(handle, dict) and "artifact" in handle:
-            path = mc.artifacts.verified_path(handle)
-            if path is None:
-                raise CacheError(
-                    errno.ENOENT, f"artifact for {w.ctx.digest} vanished before sharing"
-                )
-            data = Path(path).read_bytes()
+            data = mc.artifacts.load(handle)
+            if data is None:
+                raise CacheError(errno.ENOENT, f"artifact for {w.digest} vanished before sharing")
         return {"value": value, "data": data}
 
     def _import(self, w: Work, payload: dict[str, Any], mc: ModelCache) -> None:
         value = dict(payload["value"])
-        if payload["data"] is not None:
-            handle = mc.artifacts.put(w.ctx.digest, payload["data"])
-            if handle["blake3"] != value["handle"]["blake3"]:
+        data = payload["data"]
+        if data is not None:
+            if checksum(data) != value["handle"]["blake3"]:
                 raise CacheError(
                     errno.EIO,
-                    f"artifact {w.ctx.digest} received from another rank fails its checksum",
+                    f"artifact {w.digest} received from another rank fails its checksum",
                 )
-            value["handle"] = handle
-        mc.index.insert(self._index_key(w.item, w.entry), value)
-        self._count("num_cache_entries_updated")
+            value["handle"] = mc.artifacts.put(w.digest, data)
+        mc.index.insert(w.key, value)
+        self.count("num_cache_entries_updated")
         self.shared_in += 1
 
     def before_build(self, work: Sequence[Work], model_cache: ModelCache | None) -> None:
@@ -85,7 +97,7 @@ class DistributedBackend(Backend):
         world = dist.get_world_size(self.group)
         unique: dict[str, Work] = {}
         for w in work:
-            unique.setdefault(w.ctx.digest, w)
+            unique.setdefault(w.digest, w)
         items = list(unique.values())
         have = [self._loadable(w, model_cache) for w in items]
         gathered: list[Any] = [None] * world
@@ -98,9 +110,8 @@ class DistributedBackend(Backend):
         owner = {i: k % world for k, i in enumerate(nobody)}
         for i, r in owner.items():
             if r == rank:
-                w = items[i]
-                self._count("num_cache_misses")
-                self._compile(w.item, w.entry, w.args, w.ctx, model_cache, w.stats)
+                self.count("num_cache_misses")
+                self.compile_work(items[i], model_cache)
         for i, w in enumerate(items):
             holders = [r for r in range(world) if gathered[r][i]]
             if len(holders) == world:

@@ -1,35 +1,81 @@
-"""Typed errors of fxpiece.
+"""Typed errors of fxpiece: one base, :class:`FxpieceError`, under all of them.
 
-Every exception subclasses a standard one so callers can catch broadly:
+Every exception also subclasses a standard one so callers can catch broadly:
 
 - :class:`CacheError` (``OSError``): a cache operation failed; ``filename``
   names the path, ``errno`` the OS error when there is one.
 - :class:`CorruptIndexError` (``CacheError``): an index file failed
   verification (magic, version, checksum, JSON).
+- :class:`CorruptArtifactError` (``CacheError``): an artifact failed
+  verification (header, length, checksum).
+- :class:`HostileFileError` (``CacheError``): a path under the cache root is
+  not a regular file (FIFO, device, symlink, folder) or is over its size cap.
 - :class:`LockTimeoutError` (``CacheError``): a lock was not free in time.
+- :class:`UntrustedCacheError` (``CacheError``): another user could write
+  where fxpiece loads code from.
+- :class:`CacheMissError` (``CacheError``): ``require_cache_hit`` and a miss.
 - :class:`ConfigError` (``ValueError``): a configuration field is invalid; the
   message names the field and the fix.
+- :class:`SizeOutOfRangeError` (``ValueError``): under ``strict``, a token
+  count no compiled entry serves.
 - :class:`CacheWarning` (``UserWarning``): something on disk was wrong and was
   repaired (a corrupt file moved aside and treated as missing).
+
+The native core (``fxpiece._native``) raises these very classes.
 """
 
 from __future__ import annotations
-
-from fxpiece._native import CacheError, CacheWarning, CorruptIndexError, LockTimeoutError
 
 __all__ = [
     "CacheError",
     "CacheMissError",
     "CacheWarning",
     "ConfigError",
+    "CorruptArtifactError",
     "CorruptIndexError",
+    "FxpieceError",
+    "HostileFileError",
     "LockTimeoutError",
     "SizeOutOfRangeError",
     "UntrustedCacheError",
 ]
 
 
-class ConfigError(ValueError):
+class FxpieceError(Exception):
+    """Base of every exception fxpiece raises."""
+
+
+class CacheError(FxpieceError, OSError):
+    """An operation on the compile cache failed; ``filename`` names the path."""
+
+
+class CorruptIndexError(CacheError):
+    """A cache index file failed verification (header, version, checksum or JSON)."""
+
+
+class CorruptArtifactError(CacheError):
+    """A stored artifact failed verification (header, length or checksum)."""
+
+
+class HostileFileError(CacheError):
+    """A path under the cache root is not a regular file, or is too large."""
+
+
+class LockTimeoutError(CacheError):
+    """A cache lock could not be taken within the timeout."""
+
+
+class UntrustedCacheError(CacheError):
+    """Another user could write where fxpiece loads compiled code from
+    (Inductor imports generated Python and unpickles)."""
+
+
+class CacheMissError(CacheError):
+    """With ``require_cache_hit``, a piece was not in the cache; the message
+    names the factors that differ from the nearest cached key."""
+
+
+class ConfigError(FxpieceError, ValueError):
     """A configuration value is invalid.
 
     ``field`` names the offending field; the message says how to fix it.
@@ -40,15 +86,10 @@ class ConfigError(ValueError):
         self.field = field
 
 
-class UntrustedCacheError(CacheError):
-    """The cache folder can be written by other users, and fxpiece would load
-    compiled code (which Inductor imports as Python and pickles) from it."""
-
-
-class CacheMissError(CacheError):
-    """With ``require_cache_hit``, a piece was not in the cache; the message
-    names the factors that differ from the nearest cached key."""
-
-
-class SizeOutOfRangeError(ValueError):
+class SizeOutOfRangeError(FxpieceError, ValueError):
     """Under ``strict``, a token count that no compiled range or size serves."""
+
+
+class CacheWarning(UserWarning):
+    """Something in the cache was wrong and was repaired (e.g. a corrupt file
+    moved aside)."""

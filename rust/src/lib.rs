@@ -15,7 +15,6 @@ mod python {
     use std::sync::Mutex;
     use std::time::Duration;
 
-    use pyo3::create_exception;
     use pyo3::exceptions::{PyOSError, PyTypeError, PyUserWarning, PyValueError};
     use pyo3::prelude::*;
     use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
@@ -25,30 +24,13 @@ mod python {
     use crate::hash::{self, Factor, FileOutcome};
     use crate::index::{self, Index, Key, Options};
 
-    create_exception!(
-        _native,
-        CacheError,
-        PyOSError,
-        "An operation on the compile cache failed; `filename` names the path."
-    );
-    create_exception!(
-        _native,
-        CorruptIndexError,
-        CacheError,
-        "A cache index file failed verification (header, version, checksum or JSON)."
-    );
-    create_exception!(
-        _native,
-        LockTimeoutError,
-        CacheError,
-        "A cache lock could not be taken within the timeout."
-    );
-    create_exception!(
-        _native,
-        CacheWarning,
-        PyUserWarning,
-        "Something in the cache was wrong and was repaired (e.g. a corrupt file moved aside)."
-    );
+    // The exception classes live in Python (`fxpiece.errors`, one
+    // `FxpieceError` base under every one of them); the native code raises
+    // those very classes.
+    pyo3::import_exception!(fxpiece.errors, CacheError);
+    pyo3::import_exception!(fxpiece.errors, CorruptIndexError);
+    pyo3::import_exception!(fxpiece.errors, LockTimeoutError);
+    pyo3::import_exception!(fxpiece.errors, CacheWarning);
 
     impl From<Error> for PyErr {
         fn from(e: Error) -> PyErr {
@@ -675,7 +657,6 @@ mod python {
 
     #[pymodule]
     fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-        let py = m.py();
         m.add_function(wrap_pyfunction!(hash_files, m)?)?;
         m.add_function(wrap_pyfunction!(hash_files_report, m)?)?;
         m.add_function(wrap_pyfunction!(hash_factors, m)?)?;
@@ -683,10 +664,6 @@ mod python {
         m.add_function(wrap_pyfunction!(verify_index_file, m)?)?;
         m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
         m.add_class::<PyCacheIndex>()?;
-        m.add("CacheError", py.get_type::<CacheError>())?;
-        m.add("CorruptIndexError", py.get_type::<CorruptIndexError>())?;
-        m.add("LockTimeoutError", py.get_type::<LockTimeoutError>())?;
-        m.add("CacheWarning", py.get_type::<CacheWarning>())?;
         m.add("FORMAT_VERSION", index::FORMAT_VERSION)?;
         Ok(())
     }

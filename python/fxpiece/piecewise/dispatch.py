@@ -10,7 +10,7 @@ import torch
 
 from fxpiece.counters import Counters
 from fxpiece.errors import SizeOutOfRangeError
-from fxpiece.ranges import Range
+from fxpiece.ranges import Range, choose_entry
 
 __all__ = ["PieceRunner", "concrete_inputs", "token_symbol_index"]
 
@@ -86,8 +86,7 @@ class PieceRunner:
         self.sym_index = sym_index
         self.strict = strict
         self._counters = tuple(counters)
-        self._exact = {r.start: fn for r, fn in self.entries if r.is_single_size}
-        self._ranges = [(r, fn) for r, fn in self.entries if not r.is_single_size]
+        self._fn_of = dict(self.entries)
         self._by_size: dict[int, Callable[..., Any]] = {}
         self._warned = False
         self.chosen: dict[int, Range | None] = {}
@@ -104,14 +103,10 @@ class PieceRunner:
         return fn(*args)
 
     def _resolve(self, size: int) -> Callable[..., Any]:
-        fn = self._exact.get(size)
-        if fn is not None:
-            self.chosen[size] = Range(size, size)
-            return fn
-        for r, f in self._ranges:
-            if size in r:
-                self.chosen[size] = r
-                return f
+        entry = choose_entry(tuple(self._fn_of), size)
+        if entry is not None:
+            self.chosen[size] = entry
+            return self._fn_of[entry]
         entries = ", ".join(str(r) for r, _ in self.entries)
         if self.strict:
             raise SizeOutOfRangeError(

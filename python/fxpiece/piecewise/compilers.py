@@ -3,6 +3,7 @@ its FX graph cache, and eager."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -10,10 +11,13 @@ from typing import Any
 import torch
 import torch.fx
 
-from fxpiece import _torch_compat
-from fxpiece.compiler_interface import CompileContext, CompileResult, CompilerInterface
 from fxpiece.context import compiling_range
+from fxpiece.errors import CacheError
+from fxpiece.piecewise import _torch_compat
+from fxpiece.piecewise.interface import CompileContext, CompileResult, CompilerInterface
 from fxpiece.ranges import Range
+
+_log = logging.getLogger("fxpiece")
 
 __all__ = [
     "EagerCompiler",
@@ -78,7 +82,6 @@ class EagerCompiler(CompilerInterface):
         example_inputs: Sequence[Any],
         entry: Range,
         ctx: CompileContext,
-        cache_dir: Path,
     ) -> Callable[..., Any] | None:
         return graph.forward if handle == {"eager": True} else None
 
@@ -112,8 +115,17 @@ class InductorStandaloneCompiler(CompilerInterface):
         handle = None
         if ctx.store is not None:
             data = _torch_compat.standalone_bytes(art)
-            if data is not None:
-                handle = ctx.store.put(ctx.digest, data)
+            if data is None:
+                _log.warning(
+                    "fxpiece: Inductor's result for %s cannot be saved (not serialisable); "
+                    "it is used in memory and compiled again next start",
+                    entry,
+                )
+            else:
+                try:
+                    handle = ctx.store.put(ctx.digest, data)
+                except CacheError as e:  # ENOSPC, EROFS, EACCES, path occupied
+                    _log.warning("fxpiece: could not store a compiled piece: %s", e)
         return CompileResult(unpacking(art, graph_returns_tuple(graph)), handle)
 
     def load(
@@ -123,15 +135,13 @@ class InductorStandaloneCompiler(CompilerInterface):
         example_inputs: Sequence[Any],
         entry: Range,
         ctx: CompileContext,
-        cache_dir: Path,
     ) -> Callable[..., Any] | None:
         if ctx.store is None:
             return None
-        path = ctx.store.verified_path(handle)
-        if path is None:
+        data = ctx.store.load(handle)
+        if data is None:
             return None
-        art = _torch_compat.load_standalone(str(path))
-        ctx.store.touch(path)
+        art = _torch_compat.load_standalone_bytes(data)
         return unpacking(art, graph_returns_tuple(graph))
 
 
@@ -165,7 +175,6 @@ class InductorFxCacheCompiler(InductorStandaloneCompiler):
         example_inputs: Sequence[Any],
         entry: Range,
         ctx: CompileContext,
-        cache_dir: Path,
     ) -> Callable[..., Any] | None:
         if not isinstance(handle, dict) or "fx_graph_cache_key" not in handle:
             return None

@@ -2,15 +2,15 @@
 
 The functions behind ``fxpiece cache ...``. Each returns data (frozen
 dataclasses with ``as_dict()`` for JSON) and prints nothing. None of them
-imports torch. See :mod:`fxpiece.store` for the layout::
+imports torch. See :mod:`fxpiece.cache.store` for the layout::
 
     <root>/artifacts/<2 hex>/<digest>   compiled pieces (content-addressed)
     <root>/models/<key>/<tag>/index/    CacheIndex -> {"digest", "handle": {"artifact", ...}}
-    <root>/locks/<digest>.lease         compile leases (fxpiece.lease)
+    <root>/locks/<digest>.lease         compile leases (fxpiece.cache.lease)
     <root>/inductor/                    Inductor's own cache
 
 >>> import tempfile, pathlib
->>> from fxpiece.cache_admin import list_cache
+>>> from fxpiece.cache.admin import list_cache
 >>> root = pathlib.Path(tempfile.mkdtemp())
 >>> listing = list_cache(root)
 >>> len(listing.models), listing.total_artifact_bytes
@@ -39,17 +39,18 @@ from pathlib import Path
 from typing import Any
 
 from fxpiece.errors import CacheError
-from fxpiece.explain import FACTORS_FILE, factors_key
+from fxpiece.cache.keys import factors_key
+from fxpiece.cache.layout import FACTORS_FILE
 from fxpiece.hashing import hash_files_report
-from fxpiece.index import (
+from fxpiece.cache.index import (
     CacheIndex,
     IndexProblem,
     VerifyReport,
     verify_index,
     verify_index_file,
 )
-from fxpiece.lease import Lease, read_lease
-from fxpiece.store import quarantine
+from fxpiece.cache.lease import DEFAULT_LEASE_TTL, Lease, read_lease
+from fxpiece.cache.store import quarantine
 
 __all__ = [
     "PACK_FORMAT",
@@ -823,7 +824,7 @@ def _live_lease(root: Path, rel: str) -> str | None:
     """Who holds a live compile lease on the artifact's digest, if anyone."""
     digest = posixpath.basename(rel)
     info = read_lease(str(root / "locks" / f"{digest}.lease"))
-    if info is None or Lease.is_stale(info):
+    if info is None or Lease.is_stale(info, ttl=DEFAULT_LEASE_TTL):
         return None
     who = f"{info.host} pid {info.pid}" if info.token else "a lease being written"
     return f"in use: compile lease held by {who}"

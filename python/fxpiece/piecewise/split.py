@@ -7,7 +7,7 @@ boundary, and ``x.size()`` is decomposed into per-dimension sizes first, so no
 ``torch.Size`` crosses one either. Node order is kept.
 
 >>> import torch, operator
->>> from fxpiece.split import split_graph
+>>> from fxpiece.piecewise.split import split_graph
 >>> class M(torch.nn.Module):
 ...     def forward(self, x):
 ...         y = torch.relu(x)
@@ -25,7 +25,7 @@ True
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +33,9 @@ import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
-from fxpiece.ops import SplittingOp, SplittingOps, resolve_splitting_ops
+from fxpiece.piecewise.ops import SplittingOp, SplittingOps, resolve_splitting_ops
 
-__all__ = ["SplitItem", "decompose_size_nodes", "split_graph"]
+__all__ = ["SplitItem", "decompose_size_nodes", "readable_split", "split_graph", "whole_graph"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,3 +196,23 @@ def split_graph(
         for i, it in enumerate(items)
     ]
     return split_gm, items
+
+
+def whole_graph(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[SplitItem]]:
+    """Graph-partition mode: one piece, the whole graph (Inductor partitions)."""
+    split_gm = split_module(gm, gm, lambda n: 0, keep_original_order=True)
+    sub = split_gm.submod_0
+    if not isinstance(sub, torch.fx.GraphModule):  # pragma: no cover - split_module's contract
+        raise TypeError(f"split_module returned {type(sub).__name__} for submod_0")
+    return split_gm, [SplitItem("submod_0", 0, 0, False, sub, None)]
+
+
+def readable_split(split_gm: torch.fx.GraphModule, items: Sequence[SplitItem]) -> str:
+    """The split graph as readable Python, each piece labelled."""
+    lines = ["# fxpiece: the split graph; pieces marked SPLIT run eagerly.", ""]
+    for it in items:
+        kind = f"SPLIT at {it.split_op}" if it.is_splitting_graph else "compiled"
+        lines.append(f"# piece {it.index} ({it.name}): {kind}, {it.num_nodes} nodes")
+    lines.append("")
+    lines.append(split_gm.print_readable(print_output=False))
+    return "\n".join(lines)

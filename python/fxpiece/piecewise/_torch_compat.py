@@ -27,7 +27,8 @@ __all__ = [
     "inductor_cache_dir",
     "inductor_config_patch",
     "inductor_config_portable",
-    "load_standalone",
+    "inductor_option_names",
+    "load_standalone_bytes",
     "standalone_bytes",
     "traced_files",
 ]
@@ -42,6 +43,11 @@ def inductor_config_portable() -> dict[str, Any]:
     """Inductor's config as a plain dict (a copy; cheap: no lazy imports,
     unlike ``save_config_portable``, which imports the autotuning stack)."""
     return dict(torch._inductor.config.get_config_copy())
+
+
+def inductor_option_names() -> frozenset[str]:
+    """Every ``torch._inductor.config`` option name."""
+    return frozenset(torch._inductor.config.get_config_copy())
 
 
 def force_disable_caches() -> bool:
@@ -154,10 +160,22 @@ def standalone_bytes(artifact: Any) -> bytes | None:
             return f.read()
 
 
-def load_standalone(path: str) -> Callable[..., Any]:
+def load_standalone_bytes(data: bytes) -> Callable[..., Any]:
+    """Load a ``standalone_compile`` artifact from its verified bytes.
+
+    ``CompiledArtifact.load`` reads a path, so the bytes go to a file in a
+    fresh private (0700) folder only this process writes: what is loaded is
+    exactly what was verified."""
+    import tempfile
+
     from torch._inductor.standalone_compile import CompiledArtifact
 
-    fn: Callable[..., Any] = CompiledArtifact.load(path=path, format="binary")
+    with tempfile.TemporaryDirectory(prefix="fxpiece-load-") as d:
+        path = os.path.join(d, "artifact.bin")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        fn: Callable[..., Any] = CompiledArtifact.load(path=path, format="binary")
     return fn
 
 

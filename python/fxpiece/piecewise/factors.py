@@ -1,6 +1,8 @@
-"""The cache key: everything that can change what a compile produces.
+"""The factors of the cache key, gathered from torch, the config and the
+environment: everything that can change what a compile produces. The key
+formula itself lives in :mod:`fxpiece.cache.keys`.
 
-Four groups of factors, each hashed with BLAKE3, then hashed together:
+Six groups of factors (:class:`~fxpiece.cache.keys.KeyFactors`):
 
 - ``env``: an explicit allow-list of environment variables that change
   generated code (never ports, ranks, HOME, paths or other per-process values);
@@ -21,28 +23,28 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from fxpiece import _torch_compat
+import fxpiece
+from fxpiece.cache.keys import KeyFactors
 from fxpiece.config import CompileConfig
 from fxpiece.hashing import hash_factors, hash_files_report
+from fxpiece.piecewise import _torch_compat
 
 __all__ = [
-    "ENV_ALLOW",
-    "KeyFactors",
     "compiler_factors",
     "config_factors",
     "env_factors",
     "graph_factor",
+    "input_meta",
     "make_key_factors",
+    "piece_signature",
 ]
 
 ENV_ALLOW_NAMES = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "TORCH_BF16_REDUCED_PRECISION")
 """Variables outside ``TORCHINDUCTOR_*`` that change generated code."""
-ENV_ALLOW = ENV_ALLOW_NAMES
 _ENV_PREFIX = "TORCHINDUCTOR_"
 _ENV_DENY = re.compile(r"(DIR|PATH|CACHE|THREADS|DEBUG|TRACE|LOG|PORT|RANK|WORKER|PROFILE)")
 _INDUCTOR_DENY = re.compile(
@@ -80,7 +82,7 @@ def _jsonable(v: Any) -> Any:
 
 def config_factors(config: CompileConfig) -> dict[str, Any]:
     """Fields of ``config`` that change compiled code; no paths."""
-    from fxpiece.ops import resolve_splitting_ops
+    from fxpiece.piecewise.ops import resolve_splitting_ops
 
     return {
         "splitting_ops": sorted(resolve_splitting_ops(config.splitting_ops).labels),
@@ -113,6 +115,7 @@ def compiler_factors(compiler_hash: str) -> dict[str, Any]:
         "vec_isa": _torch_compat.cpu_vec_isa(),
         "cxx": _cxx_version(),
         "adaptor": compiler_hash,
+        "fxpiece": fxpiece.__version__,
     }
 
 
@@ -137,35 +140,6 @@ def input_meta(a: Any) -> Any:
     if isinstance(a, int | float | bool) or a is None:
         return {"const": a}
     return {"type": type(a).__name__}
-
-
-@dataclass(frozen=True, slots=True)
-class KeyFactors:
-    """The factors of one cache key, as written to ``cache_key_factors.json``."""
-
-    env: dict[str, str]
-    config: dict[str, Any]
-    inductor: dict[str, Any]
-    graph: str
-    code: dict[str, Any]
-    compiler: dict[str, Any]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "env": self.env,
-            "config": self.config,
-            "inductor": self.inductor,
-            "graph": self.graph,
-            "code": self.code,
-            "compiler": self.compiler,
-        }
-
-    def group_hashes(self) -> dict[str, str]:
-        return {k: hash_factors(v) for k, v in self.as_dict().items()}
-
-    @property
-    def key(self) -> str:
-        return hash_factors(self.group_hashes())
 
 
 def make_key_factors(
@@ -208,7 +182,7 @@ def piece_signature(gm: torch.fx.GraphModule) -> str:
             if isinstance(value, torch.Tensor):
                 target = _tensor_digest(value)
         elif node.op == "call_function":
-            from fxpiece.ops import describe_target
+            from fxpiece.piecewise.ops import describe_target
 
             target = describe_target(node.target)
         elif node.op == "placeholder":

@@ -6,7 +6,7 @@ compiled with concrete shapes), stores the returned handle in the cache index,
 and later calls :meth:`CompilerInterface.load` with that handle instead of
 compiling again.
 
->>> from fxpiece.compiler_interface import CompilerInterface
+>>> from fxpiece.piecewise.interface import CompilerInterface, CompileResult
 >>> class Identity(CompilerInterface):
 ...     name = "identity"
 ...     def compile(self, graph, example_inputs, entry, ctx):
@@ -20,15 +20,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import torch.fx
 
 from fxpiece.ranges import Range
 
 if TYPE_CHECKING:
-    from fxpiece.store import ArtifactStore
+    import torch.fx
+
+    from fxpiece.cache.store import ArtifactStore
 
 __all__ = ["CompileContext", "CompileResult", "CompilerInterface"]
 
@@ -84,7 +83,6 @@ class CompilerInterface(ABC):
         example_inputs: Sequence[Any],
         entry: Range,
         ctx: CompileContext,
-        cache_dir: Path,
     ) -> Callable[..., Any] | None:
         """Load a result from ``handle``; ``None`` means it is gone (compile
         again). The default cannot load anything."""

@@ -7,7 +7,7 @@ when its code or options change (it enters the cache key). Inside a pass,
 compiled.
 
 >>> import torch
->>> from fxpiece.passes import InductorPass
+>>> from fxpiece.piecewise.passes import InductorPass
 >>> class CountNodes(InductorPass):
 ...     def __init__(self, limit: int) -> None:
 ...         self.limit = limit
@@ -28,10 +28,10 @@ from typing import Any
 
 import torch.fx
 
-from fxpiece._torch_compat import CustomGraphPassBase
 from fxpiece.context import current_compile_range
 from fxpiece.errors import ConfigError
 from fxpiece.hashing import hash_factors
+from fxpiece.piecewise._torch_compat import CustomGraphPassBase
 from fxpiece.ranges import Range
 
 __all__ = ["InductorPass", "PassManager"]

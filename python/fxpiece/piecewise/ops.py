@@ -9,7 +9,7 @@ A splitting op is given as
   ``"torch.nn.functional.scaled_dot_product_attention"``, matched by identity,
   so models without custom ops (e.g. Hugging Face ones) can be split.
 
->>> from fxpiece.ops import resolve_splitting_ops
+>>> from fxpiece.piecewise.ops import resolve_splitting_ops
 >>> spec = resolve_splitting_ops(["aten::mm", "torch.nn.functional.scaled_dot_product_attention"])
 >>> sorted(spec.op_names)
 ['aten::mm']
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import re
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -115,13 +117,30 @@ def _resolve_op_name(name: str) -> str:
     return f"{ns}::{opname}"
 
 
-def _resolve_dotted(name: str) -> Callable[..., Any]:
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _resolve_dotted(name: str, import_modules: bool) -> Callable[..., Any] | None:
+    """The callable a dotted name names. Without ``import_modules`` only
+    modules already imported are looked in (validating a config must not run
+    any module's top-level code); ``None`` then means "not decidable yet"."""
+    if not _DOTTED.fullmatch(name):
+        raise ConfigError(
+            "splitting_ops",
+            f"{name!r} is neither an op name ('ns::op') nor a dotted Python name",
+        )
     parts = name.split(".")
     for i in range(len(parts) - 1, 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
+        modname = ".".join(parts[:i])
+        if not import_modules:
+            obj: Any = sys.modules.get(modname)
+            if obj is None:
+                continue
+        else:
+            try:
+                obj = importlib.import_module(modname)
+            except ImportError:
+                continue
         for j, attr in enumerate(parts[i:]):
             nxt = getattr(obj, attr, None)
             if nxt is None:
@@ -135,12 +154,18 @@ def _resolve_dotted(name: str) -> Callable[..., Any]:
         if not callable(obj):
             raise ConfigError("splitting_ops", f"{name!r} is not callable")
         return obj  # type: ignore[no-any-return]
+    if not import_modules:
+        return None
     raise ConfigError("splitting_ops", f"cannot import a module from {name!r}")
 
 
-def resolve_splitting_ops(ops: Iterable[SplittingOp]) -> SplittingOps:
+def resolve_splitting_ops(
+    ops: Iterable[SplittingOp], *, import_modules: bool = True
+) -> SplittingOps:
     """Resolve names and callables; unknown names raise :class:`ConfigError`
-    listing close matches."""
+    listing close matches. With ``import_modules=False`` (config validation)
+    a dotted name whose module is not imported yet is only checked for its
+    form and left out of the result."""
     names: list[str] = []
     callables: list[Callable[..., Any]] = []
     call_labels: list[str] = []
@@ -151,8 +176,8 @@ def resolve_splitting_ops(ops: Iterable[SplittingOp]) -> SplittingOps:
                 if n not in names:
                     names.append(n)
             else:
-                c = _resolve_dotted(op)
-                if all(c is not x for x in callables):
+                c = _resolve_dotted(op, import_modules)
+                if c is not None and all(c is not x for x in callables):
                     callables.append(c)
                     call_labels.append(op)
         elif isinstance(op, torch._ops.OpOverload | torch._ops.OpOverloadPacket):

@@ -2,12 +2,12 @@
 
 A key is BLAKE3 over the factor groups written to each model folder's
 ``cache_key_factors.json`` (``env``, ``config``, ``inductor``, ``graph``,
-``code``, ``compiler``; see :mod:`fxpiece.cache_key`). :func:`diff_factors`
+``code``, ``compiler``; see :mod:`fxpiece.cache.keys`). :func:`diff_factors`
 compares two such dicts and names exactly what differs, so "why did it
 recompile" has a one-line answer (:meth:`FactorDiff.summary`). It is pure
 (no I/O) and fast: equal groups are skipped with one comparison.
 
->>> from fxpiece.explain import diff_factors
+>>> from fxpiece.cache.explain import diff_factors
 >>> a = {"env": {}, "config": {"compile_sizes": [16]}, "graph": "ab12", "code": {"files": {}}}
 >>> b = {"env": {}, "config": {"compile_sizes": [16, 32]}, "graph": "ab12", "code": {"files": {}}}
 >>> d = diff_factors(a, b)
@@ -30,29 +30,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from fxpiece.cache.keys import GROUPS, factors_key
+from fxpiece.cache.layout import FACTORS_FILE, KEY_DIR_LEN, CacheLayout
+from fxpiece.cache.safeio import read_regular
+from fxpiece.context import SAFE_NAME
 from fxpiece.errors import CacheError
 
 __all__ = [
-    "FACTORS_FILE",
     "Change",
     "FactorDiff",
     "FileChange",
     "diff_factors",
-    "factors_key",
     "load_factors",
     "nearest_sibling",
+    "read_factors",
     "resolve_model_folder",
 ]
 
-FACTORS_FILE = "cache_key_factors.json"
-"""The factors behind a model folder's key, next to its ``index/``."""
-
 Kind = Literal["added", "removed", "changed"]
 
-_GROUPS = ("env", "config", "inductor", "graph", "code", "compiler")
 _HEX = re.compile(r"^[0-9a-f]{1,64}$")
-_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 _MISSING: Any = object()
+FACTORS_LIMIT = 64 << 20
+"""Largest ``cache_key_factors.json`` read (bytes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +163,7 @@ class FactorDiff:
         seen = [c.group for c in self.changes]
         if self.files:
             seen.append("code")
-        return tuple(g for g in (*_GROUPS, *sorted(set(seen) - set(_GROUPS))) if g in seen)
+        return tuple(g for g in (*GROUPS, *sorted(set(seen) - set(GROUPS))) if g in seen)
 
     def __len__(self) -> int:
         return len(self.changes) + len(self.files)
@@ -339,18 +339,10 @@ def diff_factors(a: Mapping[str, Any], b: Mapping[str, Any]) -> FactorDiff:
     if a.get("code") != b.get("code"):
         kw["files"], kw["code"] = _code_diff(a.get("code"), b.get("code"))
     other: list[Change] = []
-    for group in sorted((set(a) | set(b)) - set(_GROUPS)):
+    for group in sorted((set(a) | set(b)) - set(GROUPS)):
         other.extend(_group_changes(group, a.get(group, _MISSING), b.get(group, _MISSING)))
     kw["other"] = tuple(other)
     return FactorDiff(**kw)
-
-
-def factors_key(factors: Mapping[str, Any]) -> str:
-    """The cache key of ``factors``: BLAKE3 over the BLAKE3 of each group (as
-    :attr:`fxpiece.cache_key.KeyFactors.key`)."""
-    from fxpiece.hashing import hash_factors
-
-    return hash_factors({k: hash_factors(v) for k, v in factors.items()})
 
 
 def _not_found(msg: str, path: str) -> CacheError:
@@ -371,7 +363,7 @@ def resolve_model_folder(folder_or_key: str | os.PathLike[str], root: Path | Non
     if path.is_file() and path.name == FACTORS_FILE:
         return path.parent
     if path.is_dir():
-        if (path / FACTORS_FILE).is_file() or (path / "index").is_dir():
+        if (path / FACTORS_FILE).is_file() or CacheLayout.index_dir(path).is_dir():
             return path
         tags = sorted(p for p in path.iterdir() if p.is_dir() and (p / FACTORS_FILE).is_file())
         if len(tags) == 1:
@@ -384,7 +376,7 @@ def resolve_model_folder(folder_or_key: str | os.PathLike[str], root: Path | Non
         raise _not_found(f"{path} is not a model folder (no {FACTORS_FILE})", text)
     prefix, _, tag = text.partition("/")
     prefix = prefix.lower()
-    if not _HEX.match(prefix) or len(prefix) < 4 or (tag and not _TAG.match(tag)):
+    if not _HEX.match(prefix) or len(prefix) < 4 or (tag and not SAFE_NAME.fullmatch(tag)):
         raise _not_found(
             f"{text!r} is neither a model folder nor a key prefix (hex, at least 4 "
             "characters, optionally followed by /<model tag>)",
@@ -392,26 +384,22 @@ def resolve_model_folder(folder_or_key: str | os.PathLike[str], root: Path | Non
         )
     if root is None:
         raise _not_found(f"no cache root given to look up key {text!r}", text)
-    models = root / "models"
-    try:
-        keys = sorted(p for p in models.iterdir() if p.is_dir() and p.name.startswith(prefix[:32]))
-    except FileNotFoundError:
-        keys = []
-    # Longer prefixes than the folder name (key[:32]) are checked on the full key.
+    layout = CacheLayout(root)
     found: list[Path] = []
-    for k in keys:
-        for t in sorted(k.iterdir()):
-            if not t.is_dir() or (tag and t.name != tag):
-                continue
-            if len(prefix) > 32:
-                try:
-                    if not factors_key(_read_json(t / FACTORS_FILE)).startswith(prefix):
-                        continue
-                except CacheError:
+    for folder in layout.model_dirs(tag or None):
+        key_dir = folder.parent.name
+        if not key_dir.startswith(prefix[:KEY_DIR_LEN]):
+            continue
+        # Longer prefixes than the folder name (key[:32]) are checked on the full key.
+        if len(prefix) > KEY_DIR_LEN:
+            try:
+                if not factors_key(read_factors(folder)).startswith(prefix):
                     continue
-            found.append(t)
+            except CacheError:
+                continue
+        found.append(folder)
     if not found:
-        raise _not_found(f"no model in {models} has a key starting with {text!r}", text)
+        raise _not_found(f"no model in {layout.models_dir} has a key starting with {text!r}", text)
     if len(found) > 1:
         names = ", ".join(f"{p.parent.name[:12]}/{p.name}" for p in found[:8])
         raise CacheError(
@@ -420,13 +408,15 @@ def resolve_model_folder(folder_or_key: str | os.PathLike[str], root: Path | Non
     return found[0]
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_factors(model_dir: Path) -> dict[str, Any]:
+    """The factors in a model folder's ``cache_key_factors.json``
+    (a regular file under 64 MiB, a JSON object) or :class:`CacheError`."""
+    path = CacheLayout.factors_file(model_dir)
     try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
+        value = json.loads(read_regular(path, FACTORS_LIMIT))
     except FileNotFoundError:
         raise _not_found(f"{path} does not exist", str(path)) from None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise CacheError(errno.EIO, f"cannot read {path}: {e}", str(path)) from None
     if not isinstance(value, dict):
         raise CacheError(errno.EIO, f"{path} is not a JSON object", str(path))
@@ -444,7 +434,7 @@ def load_factors(folder_or_key: str | os.PathLike[str], root: Path | None = None
     >>> load_factors("abab", root), load_factors(folder)
     ({'graph': 'x'}, {'graph': 'x'})
     """
-    return _read_json(resolve_model_folder(folder_or_key, root) / FACTORS_FILE)
+    return read_factors(resolve_model_folder(folder_or_key, root))
 
 
 def nearest_sibling(
@@ -460,18 +450,13 @@ def nearest_sibling(
     ``None`` if there is no other key for that tag. ``exclude_key`` (the
     key being looked up) is skipped. Reads at most ``limit`` folders (the
     most recently written). For the backend's explain-on-miss."""
-    models = root / "models"
-    skip = exclude_key[:32] if exclude_key else None
-    try:
-        candidates = [
-            p / model_tag for p in models.iterdir() if p.name != skip and (p / model_tag).is_dir()
-        ]
-    except OSError:
-        return None
+    layout = CacheLayout(root)
+    skip = CacheLayout.key_dir_name(exclude_key) if exclude_key else None
+    candidates = [p for p in layout.model_dirs(model_tag) if p.parent.name != skip]
 
     def mtime(p: Path) -> float:
         try:
-            return (p / FACTORS_FILE).stat().st_mtime
+            return CacheLayout.factors_file(p).stat().st_mtime
         except OSError:
             return 0.0
 
@@ -479,7 +464,7 @@ def nearest_sibling(
     best: tuple[int, Path, FactorDiff] | None = None
     for folder in candidates[:limit]:
         try:
-            other = _read_json(folder / FACTORS_FILE)
+            other = read_factors(folder)
         except CacheError:
             continue
         d = diff_factors(other, factors)

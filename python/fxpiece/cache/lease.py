@@ -1,0 +1,294 @@
+"""Lease files and single-flight waiting: locks that work on shared file
+systems across hosts.
+
+A lease is a file created with ``O_CREAT | O_EXCL`` (atomic on local file
+systems and on NFSv3+), holding who owns it (host, pid-namespace identity,
+pid, a random token). Its owner renews it by touching it from a heartbeat
+thread. Nobody relies on ``flock``. A lease is *stale*, and may be taken
+over, when its owner is a dead pid in this very PID namespace, when it has
+not been renewed for ``ttl`` seconds (the reader's ``ttl``, never the one
+written in the file), or when it is not a lease at all (a FIFO, symlink,
+folder or oversized file planted under ``locks/``). Takeover renames the
+stale file aside first, so two takers cannot both win.
+
+:func:`acquire_or_wait` is the single-flight protocol the backend uses: take
+the lease and compile, or wait for the holder's result.
+
+>>> import tempfile, os
+>>> from fxpiece.cache.lease import Lease
+>>> p = os.path.join(tempfile.mkdtemp(), "x.lease")
+>>> a = Lease.try_acquire(p, host="h1")
+>>> Lease.try_acquire(p, host="h2") is None
+True
+>>> a.release()
+>>> b = Lease.try_acquire(p, host="h2"); b.release()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from fxpiece.cache.layout import CacheLayout
+from fxpiece.cache.safeio import read_regular
+from fxpiece.errors import CacheError
+
+__all__ = [
+    "DEFAULT_LEASE_TTL",
+    "Lease",
+    "LeaseInfo",
+    "WaitOutcome",
+    "acquire_or_wait",
+    "namespace_id",
+    "pid_alive",
+    "read_lease",
+    "this_host",
+]
+
+DEFAULT_LEASE_TTL = 30.0
+"""Seconds a lease may go unrenewed before others may take it over."""
+LEASE_LIMIT = 4096
+"""A lease file is a small JSON object; anything bigger is not a lease."""
+_MAX_PID = 1 << 22  # Linux pid_max upper bound
+T = TypeVar("T")
+
+
+def this_host() -> str:
+    return socket.gethostname() or "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def namespace_id() -> str:
+    """This boot and PID namespace: two containers sharing a host name have
+    different ones, so a pid is only judged dead within its own namespace."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "noboot"
+    try:
+        ns = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        ns = "nons"
+    return f"{boot}:{ns}"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process here (``False`` for nonsense pids)."""
+    if not 0 < pid < _MAX_PID:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseInfo:
+    host: str
+    ns: str
+    pid: int
+    token: str
+    age: float
+    """Seconds since the last renewal (by this reader's clock)."""
+    hostile: str | None = None
+    """Why the file is not a lease at all (FIFO, symlink, folder, too big)."""
+
+
+def _age(path: str) -> float:
+    try:
+        return time.time() - os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def read_lease(path: str) -> LeaseInfo | None:
+    """The lease at ``path``, or ``None`` if there is none. A file that is
+    being written (empty, partial, not JSON) has no token; one that is not a
+    regular file or is too large has ``hostile`` set. Never blocks, never
+    follows a symlink, never raises for what is in the file."""
+    try:
+        raw = read_regular(path, LEASE_LIMIT)
+    except FileNotFoundError:
+        return None
+    except CacheError as e:
+        return LeaseInfo("", "", 0, "", _age(path), hostile=e.strerror or str(e))
+    except OSError as e:
+        return LeaseInfo("", "", 0, "", _age(path), hostile=f"unreadable: {e.strerror}")
+    age = _age(path)
+    try:
+        d = json.loads(raw.decode("utf-8"))
+        host, ns, pid, token = d["host"], d.get("ns", ""), d["pid"], d["token"]
+        if not (isinstance(host, str) and isinstance(ns, str) and isinstance(token, str)):
+            raise TypeError
+        if isinstance(pid, bool) or not isinstance(pid, int) or not token:
+            raise TypeError
+        return LeaseInfo(host, ns, pid, token, age)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
+        return LeaseInfo("", "", 0, "", age)
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+class Lease:
+    """A held lease; renewed by a daemon thread until :meth:`release`."""
+
+    def __init__(self, path: str, host: str, token: str, ttl: float) -> None:
+        self.path = path
+        self.host = host
+        self.token = token
+        self.ttl = ttl
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._heartbeat, name=f"fxpiece-lease-{os.path.basename(path)}", daemon=True
+        )
+        self._thread.start()
+
+    @classmethod
+    def try_acquire(cls, path: str, *, host: str | None = None, ttl: float = 30.0) -> Lease | None:
+        """Take the lease if nobody holds it; ``None`` if somebody does.
+        Raises ``OSError`` if the lease cannot be created at all."""
+        host = host or this_host()
+        token = secrets.token_hex(8)
+        body = json.dumps(
+            {"host": host, "ns": namespace_id(), "pid": os.getpid(), "token": token, "ttl": ttl}
+        )
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            return None
+        try:
+            os.write(fd, body.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return cls(path, host, token, ttl)
+
+    @staticmethod
+    def is_stale(
+        info: LeaseInfo, *, ttl: float, host: str | None = None, grace: float = 5.0
+    ) -> bool:
+        """Whether a lease may be taken over: not a lease at all, its owner is
+        a dead pid in this PID namespace, or it was not renewed for ``ttl``
+        (our ttl; an unreadable lease gets ``grace`` seconds to be written)."""
+        if info.hostile is not None:
+            return True
+        if not info.token:
+            return info.age > grace
+        host = host or this_host()
+        if info.host == host and info.ns == namespace_id() and not pid_alive(info.pid):
+            return True
+        return info.age > ttl
+
+    @classmethod
+    def take_over(
+        cls, path: str, seen: LeaseInfo, *, ttl: float, host: str | None = None
+    ) -> Lease | None:
+        """Break the stale lease ``seen`` and take it; ``None`` if somebody
+        else broke or renewed it first."""
+        cur = read_lease(path)
+        if cur is None:
+            return cls.try_acquire(path, host=host, ttl=ttl)
+        if cur.token != seen.token or not cls.is_stale(cur, ttl=ttl, host=host):
+            return None
+        aside = CacheLayout.stale_lease_name(path, secrets.token_hex(4))
+        try:
+            os.rename(path, aside)  # only one taker's rename finds the file
+        except FileNotFoundError:
+            return None
+        moved = read_lease(aside)
+        if moved is not None and moved.token != seen.token:
+            # Another taker replaced the stale lease between our check and our
+            # rename: put its lease back (link fails if the path is taken).
+            with contextlib.suppress(OSError):
+                os.link(aside, path)
+            _unlink(aside)
+            return None
+        if moved is not None and moved.hostile is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(aside)  # a planted folder
+        _unlink(aside)
+        return cls.try_acquire(path, host=host, ttl=ttl)
+
+    def _heartbeat(self) -> None:
+        period = max(0.05, self.ttl / 3)
+        while not self._stop.wait(period):
+            info = read_lease(self.path)
+            if info is None or info.token != self.token:
+                return  # taken over: stop renewing someone else's lease
+            try:
+                os.utime(self.path, None, follow_symlinks=False)
+            except OSError:
+                return
+
+    def release(self) -> None:
+        """Stop renewing and delete the lease if it is still ours."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        info = read_lease(self.path)
+        if info is not None and info.token == self.token:
+            _unlink(self.path)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass(frozen=True, slots=True)
+class WaitOutcome(Generic[T]):
+    """What :func:`acquire_or_wait` ended with: the lease (compile now), the
+    holder's ``result``, or neither (timed out: compile without a lease)."""
+
+    lease: Lease | None
+    result: T | None
+    waited_s: float
+
+
+def acquire_or_wait(
+    path: str,
+    *,
+    ttl: float,
+    timeout: float,
+    poll: Callable[[], T | None],
+) -> WaitOutcome[T]:
+    """Single flight: take the lease at ``path``; if another process holds
+    it, poll for its result (``poll()``, with back-off) until it appears, the
+    lease frees up or goes stale (then it is taken over), or ``timeout``
+    seconds pass."""
+    lease = Lease.try_acquire(path, ttl=ttl)
+    if lease is not None:
+        return WaitOutcome(lease, None, 0.0)
+    t0 = time.monotonic()
+    delay = 0.05
+    while True:
+        time.sleep(delay)
+        delay = min(delay * 1.5, 1.0)
+        result = poll()
+        if result is not None:
+            return WaitOutcome(None, result, time.monotonic() - t0)
+        info = read_lease(path)
+        if info is None:
+            lease = Lease.try_acquire(path, ttl=ttl)
+        elif Lease.is_stale(info, ttl=ttl):
+            lease = Lease.take_over(path, info, ttl=ttl)
+        if lease is not None:
+            return WaitOutcome(lease, None, time.monotonic() - t0)
+        if time.monotonic() - t0 > timeout:
+            return WaitOutcome(None, None, time.monotonic() - t0)

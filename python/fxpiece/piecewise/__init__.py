@@ -1,0 +1,1 @@
+"""The piecewise backend: split, plan, build and dispatch pieces (imports torch)."""

@@ -1,0 +1,450 @@
+"""The piecewise ``torch.compile`` backend: split -> plan -> build.
+
+>>> import torch, fxpiece
+>>> backend = fxpiece.Backend(fxpiece.CompileConfig(compiler="eager", disable_cache=True))
+>>> f = torch.compile(lambda x: torch.relu(x) + 1, backend=backend)
+>>> f(torch.ones(2)).tolist()
+[2.0, 2.0]
+>>> backend.stats.counters.num_graphs_seen
+1
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+import fxpiece
+from fxpiece.cache.keys import KeyFactors, shared_digest
+from fxpiece.cache.layout import CacheLayout
+from fxpiece.cache.lease import acquire_or_wait
+from fxpiece.cache.model import ModelCache
+from fxpiece.cache.trust import ensure_private_dir
+from fxpiece.config import CompileConfig
+from fxpiece.context import current_model_tag
+from fxpiece.counters import counters
+from fxpiece.errors import CacheError, CacheMissError, ConfigError, UntrustedCacheError
+from fxpiece.piecewise import _torch_compat
+from fxpiece.piecewise.compilers import make_compiler
+from fxpiece.piecewise.dispatch import PieceRunner
+from fxpiece.piecewise.factors import make_key_factors
+from fxpiece.piecewise.interface import CompilerInterface
+from fxpiece.piecewise.ops import resolve_splitting_ops
+from fxpiece.piecewise.plan import PiecePlan, Work, fake_inputs, piece_inputs, plan_piece
+from fxpiece.piecewise.split import readable_split, split_graph, whole_graph
+from fxpiece.piecewise.stats import BackendStats, GraphStats, PieceStats, ProgressEvent
+
+__all__ = ["Backend", "OpenedCache", "entry_point"]
+
+_log = logging.getLogger("fxpiece")
+
+
+@dataclass(frozen=True)
+class OpenedCache:
+    """A graph's cache: its key factors, model folder and Inductor's folder."""
+
+    factors: KeyFactors
+    model: ModelCache
+    inductor_dir: str
+    miss_explanation: str | None
+
+
+class Backend:
+    """A ``torch.compile`` backend: ``torch.compile(model, backend=Backend(config))``.
+
+    Each Dynamo graph is split at ``config.splitting_ops``; every other piece
+    is compiled for every range (symbolic shapes) and exact size (concrete
+    shapes) before the first call returns, loaded from the cache when it can
+    be, and stitched back so the split ops run eagerly in between.
+
+    Subclasses may override :meth:`before_build` (called with every planned
+    :class:`~fxpiece.piecewise.plan.Work` before any is built) and call
+    :meth:`compile_work` and :meth:`count`; :mod:`fxpiece.distributed` does.
+    """
+
+    def __init__(
+        self,
+        config: CompileConfig | None = None,
+        progress: Callable[[ProgressEvent], None] | None = None,
+    ) -> None:
+        self.config = config if config is not None else CompileConfig.from_env()
+        self.progress = progress
+        """Called after each (piece, entry) is compiled, loaded or reused."""
+        self.compiler: CompilerInterface = make_compiler(self.config.compiler)
+        self.stats = BackendStats()
+        self._splitting = resolve_splitting_ops(self.config.splitting_ops)
+        self._inductor_options = dict(self.config.inductor_config)
+        self._built: dict[str, Callable[..., Any]] = {}
+        """Every digest built by this backend, for reuse across its graphs."""
+        if self.config.use_inductor_graph_partition:
+            self._inductor_options.update(self._partition_options())
+
+    def _partition_options(self) -> dict[str, Any]:
+        if not _torch_compat.graph_partition_supported():
+            raise ConfigError(
+                "use_inductor_graph_partition",
+                f"torch {torch.__version__} has no Inductor graph partition; "
+                "set it to False (FX pre-split)",
+            )
+        if self._splitting.callables:
+            raise ConfigError(
+                "use_inductor_graph_partition",
+                "Inductor partitions only at operators ('ns::op'); "
+                f"{list(self._splitting.labels[len(self._splitting.op_names) :])} are "
+                "Python callables: use FX pre-split (False) or name their ops",
+            )
+        return {
+            "graph_partition": True,
+            "custom_should_partition_ops": sorted(self._splitting.op_names),
+        }
+
+    # -- public hooks --------------------------------------------------------
+    def count(self, name: str, n: int = 1) -> None:
+        """Add to a counter, process-wide and on this backend's stats."""
+        counters.add(name, n)
+        self.stats.counters.add(name, n)
+
+    def cache_enabled(self) -> bool:
+        return not self.config.disable_cache and not _torch_compat.force_disable_caches()
+
+    def before_build(self, work: Sequence[Work], model_cache: ModelCache | None) -> None:
+        """Hook run after planning, before any entry is loaded or compiled
+        (:mod:`fxpiece.distributed` uses it to share artifacts between ranks)."""
+
+    # -- the backend -------------------------------------------------------
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        t_start = time.perf_counter()
+        cfg = self.config
+        self.count("num_graphs_seen")
+        tag = current_model_tag()
+        model_tag = tag.tag if tag is not None else cfg.model_tag
+
+        fake_mode = _torch_compat.detect_fake_mode(example_inputs)
+        fake_args = fake_inputs(example_inputs, fake_mode)
+
+        t0 = time.perf_counter()
+        cache, problem = self._open_or_skip(gm, fake_args, model_tag)
+        key_s = time.perf_counter() - t0
+        mc = cache.model if cache is not None else None
+
+        t0 = time.perf_counter()
+        if cfg.use_inductor_graph_partition:
+            split_gm, items = whole_graph(gm)
+        else:
+            split_gm, items = split_graph(gm, self._splitting)
+        split_s = time.perf_counter() - t0
+        if mc is not None and not mc.readonly:
+            self._best_effort(mc.write_graph, readable_split(split_gm, items))
+
+        self.count("num_piecewise_graphs_seen", len(items))
+        compiled_items = [it for it in items if not it.is_splitting_graph]
+        self.count("num_piecewise_capturable_graphs_seen", len(compiled_items))
+
+        args_of = piece_inputs(split_gm, fake_args, fake_mode, {it.name for it in compiled_items})
+        factors = cache.factors if cache is not None else None
+        gstats = GraphStats(
+            cache_key=factors.key if factors else None,
+            cache_folder=mc.folder if mc else None,
+            pieces=[
+                PieceStats(it.index, it.name, it.is_splitting_graph, it.split_op, it.num_nodes)
+                for it in items
+            ],
+            split_s=split_s,
+            key_s=key_s,
+            traced_files=len(factors.code["files"]) if factors else 0,
+            miss_explanation=cache.miss_explanation if cache is not None else None,
+            cache_problem=problem,
+        )
+        self.stats.graphs.append(gstats)
+
+        shared = shared_digest(
+            compiler=factors.compiler if factors else self.compiler.compute_hash(),
+            inductor=factors.inductor if factors else dict(cfg.inductor_config),
+            env=factors.env if factors else {},
+            partition=cfg.use_inductor_graph_partition,
+            version=fxpiece.__version__,
+        )
+        store = mc.artifacts if mc is not None else None
+        plans = [
+            plan_piece(
+                cfg,
+                it,
+                args_of[it.name],
+                gstats.pieces[it.index],
+                store=store,
+                shared=shared,
+                compiler_name=self.compiler.name,
+                inductor_options=self._inductor_options,
+                num_pieces=len(items),
+            )
+            for it in compiled_items
+        ]
+        with _torch_compat.inductor_cache_dir(cache.inductor_dir if cache else None):
+            self.before_build([w for p in plans for w in p.work], mc)
+            for plan in plans:
+                runner = self._build_piece(plan, mc)
+                gstats.runners.append(runner)
+                # Not a submodule assignment: the runner is not an nn.Module.
+                split_gm.__dict__[plan.item.name] = runner
+        gstats.compile_s = sum(p.compile_s for p in gstats.pieces)
+        gstats.load_s = sum(p.load_s for p in gstats.pieces)
+        gstats.total_s = time.perf_counter() - t_start
+        return split_gm
+
+    # -- the cache -----------------------------------------------------------
+    def _open_or_skip(
+        self, gm: torch.fx.GraphModule, fake_args: Sequence[Any], model_tag: str
+    ) -> tuple[OpenedCache | None, str | None]:
+        """The graph's cache, or ``(None, why)`` when it cannot be used: the
+        graph then compiles in memory. Only the trust boundary, a required
+        hit and config errors raise."""
+        if not self.cache_enabled():
+            return None, None
+        try:
+            return self.open_cache(gm, fake_args, model_tag), None
+        except (UntrustedCacheError, CacheMissError, ConfigError):
+            raise
+        except OSError as e:  # CacheError included: folder is a file, EACCES, EROFS, ENOSPC
+            why = f"{type(e).__name__}: {e}"
+            _log.warning("fxpiece: cache unusable, compiling in memory: %s", why)
+            return None, why
+
+    def open_cache(
+        self, gm: torch.fx.GraphModule, fake_args: Sequence[Any], model_tag: str
+    ) -> OpenedCache:
+        """Compute the key and open the model's cache folder."""
+        cfg = self.config
+        readonly = cfg.cache_readonly
+        root = cfg.resolved_cache_dir()
+        layout = CacheLayout(root if readonly else ensure_private_dir(root))
+        if readonly:
+            inductor_dir = _readonly_inductor_dir(layout.inductor_dir)
+        else:
+            inductor_dir = str(ensure_private_dir(layout.inductor_dir))
+        # Inside the cache: the key's ISA probe compiles test programs.
+        with _torch_compat.inductor_cache_dir(inductor_dir):
+            factors = make_key_factors(
+                cfg, self.compiler.compute_hash(), gm, fake_args, _torch_compat.traced_files()
+            )
+        miss_explanation = None
+        if not layout.model_dir(factors.key, model_tag).is_dir():
+            miss_explanation = self._explain_new_key(layout.root, model_tag, factors)
+            if cfg.require_cache_hit:
+                raise CacheMissError(
+                    errno.ENOENT,
+                    f"require_cache_hit: no cache for model tag {model_tag!r} under "
+                    f"key {factors.key[:16]}; {miss_explanation}",
+                    str(layout.root),
+                )
+        model = ModelCache(
+            layout, factors.key, model_tag, trust=cfg.allow_untrusted_cache, readonly=readonly
+        )
+        if not readonly:
+            self._best_effort(model.write_factors, factors.as_dict())
+        return OpenedCache(factors, model, inductor_dir, miss_explanation)
+
+    def _explain_new_key(self, root: Path, model_tag: str, factors: KeyFactors) -> str:
+        """Why this key is new: the factors that differ from the nearest
+        cached key of the same model tag (logged once per graph)."""
+        from fxpiece.cache.explain import nearest_sibling
+
+        found = nearest_sibling(root, model_tag, factors.as_dict(), exclude_key=factors.key)
+        if found is None:
+            return f"no other key is cached for model tag {model_tag!r}"
+        folder, diff = found
+        text = f"nearest cached key {folder.parent.name[:16]} differs: {diff.summary()}"
+        _log.warning("fxpiece: cache miss for model tag %r: %s", model_tag, text)
+        return text
+
+    @staticmethod
+    def _best_effort(write: Callable[[Any], None], value: Any) -> None:
+        """A write that helps people (readable graph, factors) but that the
+        cache does not need: a failure is logged, not raised."""
+        try:
+            write(value)
+        except OSError as e:
+            _log.warning("fxpiece: could not write to the cache: %s", e)
+
+    # -- building ------------------------------------------------------------
+    def _build_piece(self, plan: PiecePlan, mc: ModelCache | None) -> PieceRunner:
+        cfg = self.config
+        it = plan.item
+        built: list[tuple[Any, Callable[..., Any]]] = []
+        for w in plan.work:
+            self.count("num_backend_compilations")
+            w.stats.entries.append(str(w.entry))
+            t0 = time.perf_counter()
+            fn = self._built.get(w.digest)
+            if fn is not None:
+                # An identical piece (another layer, another graph) was built here.
+                w.stats.reused += 1
+                self.count("num_cache_hits")
+                action = "reused"
+            else:
+                compiled_before = w.stats.compiled
+                fn = self._obtain(w, mc)
+                action = "compiled" if w.stats.compiled > compiled_before else "loaded"
+                self._built[w.digest] = fn
+            if self.progress is not None:
+                self.progress(
+                    ProgressEvent(
+                        it.index, plan.num_pieces, w.entry, action, time.perf_counter() - t0
+                    )
+                )
+            if cfg.static_graph_wrapper is not None and w.entry.is_single_size:
+                fn = cfg.static_graph_wrapper(fn, it.index, w.entry)
+            built.append((w.entry, fn))
+        return PieceRunner(
+            index=it.index,
+            graph=it.graph,
+            entries=built,
+            sym_index=plan.sym_index,
+            strict=cfg.strict,
+            counters=(counters, self.stats.counters),
+        )
+
+    def _obtain(self, w: Work, mc: ModelCache | None) -> Callable[..., Any]:
+        """Load the entry, or compile it under a single-flight lease: if
+        another process is compiling the same digest, wait for its result."""
+        if mc is None:
+            self.count("num_cache_misses")
+            return self._compile(w, None)
+        fn = self._load(w, mc)
+        if fn is not None:
+            return fn
+        if mc.readonly:
+            # Read-only cache: compile the miss in memory, write nothing.
+            self._require_hit(w, mc, "is not in the read-only cache")
+            self.count("num_cache_misses")
+            return self._compile(replace(w, ctx=replace(w.ctx, store=None)), None)
+        try:
+            ensure_private_dir(mc.layout.locks_dir)
+            outcome = acquire_or_wait(
+                str(mc.layout.lease_path(w.digest)),
+                ttl=self.config.lease_ttl,
+                timeout=self.config.lock_timeout,
+                poll=lambda: self._poll(w, mc),
+            )
+        except OSError as e:  # locks/ is a file, not writable, ...
+            _log.warning("fxpiece: no compile lease (%s); compiling without one", e)
+            self.count("num_cache_misses")
+            return self.compile_work(w, mc)
+        if outcome.waited_s:
+            self.count("num_cache_waits")
+            w.stats.wait_s += outcome.waited_s
+        if outcome.result is not None:
+            return outcome.result
+        if outcome.lease is None:
+            _log.warning(
+                "fxpiece: waited %.0f s for another process compiling piece %d %s; "
+                "compiling it here too",
+                self.config.lock_timeout,
+                w.item.index,
+                w.entry,
+            )
+        try:
+            if outcome.lease is not None:
+                # It may have been finished between our miss and our lease.
+                fn = self._poll(w, mc)
+                if fn is not None:
+                    return fn
+            self._require_hit(
+                w,
+                mc,
+                "is not in the cache; the model's key matched, so its artifact was "
+                "removed or failed verification: rebuild the cache",
+            )
+            self.count("num_cache_misses")
+            return self.compile_work(w, mc)
+        finally:
+            if outcome.lease is not None:
+                outcome.lease.release()
+
+    def _require_hit(self, w: Work, mc: ModelCache, what: str) -> None:
+        if self.config.require_cache_hit:
+            raise CacheMissError(
+                errno.ENOENT,
+                f"require_cache_hit: piece {w.item.index} entry {w.entry} {what} "
+                f"(digest {w.digest[:16]})",
+                str(mc.folder),
+            )
+
+    def _poll(self, w: Work, mc: ModelCache) -> Callable[..., Any] | None:
+        try:
+            mc.index.refresh()
+        except CacheError as e:
+            _log.warning("fxpiece: cannot re-read the index: %s", e)
+        return self._load(w, mc)
+
+    def _load(self, w: Work, mc: ModelCache) -> Callable[..., Any] | None:
+        value = mc.index.get(w.key)
+        if not isinstance(value, dict) or value.get("digest") != w.digest:
+            return None
+        t0 = time.perf_counter()
+        try:
+            fn = self.compiler.load(value.get("handle"), w.item.graph, w.args, w.entry, w.ctx)
+        except Exception as e:  # pruned meanwhile, or unloadable: recompile, never crash
+            _log.warning(
+                "fxpiece: loading piece %d %s failed (%s: %s)",
+                w.item.index,
+                w.entry,
+                type(e).__name__,
+                e,
+            )
+            fn = None
+        if fn is None:
+            self.count("num_corrupt_artifacts")
+            _log.warning(
+                "fxpiece: cached artifact for piece %d %s is missing or corrupt; recompiling",
+                w.item.index,
+                w.entry,
+            )
+            return None
+        w.stats.load_s += time.perf_counter() - t0
+        w.stats.loaded += 1
+        self.count("num_cache_hits")
+        return fn
+
+    def compile_work(self, w: Work, mc: ModelCache | None) -> Callable[..., Any]:
+        """Compile one planned entry and record it in ``mc``'s index (if any)."""
+        return self._compile(w, mc)
+
+    def _compile(self, w: Work, mc: ModelCache | None) -> Callable[..., Any]:
+        t0 = time.perf_counter()
+        result = self.compiler.compile(w.item.graph, w.args, w.entry, w.ctx)
+        w.stats.compile_s += time.perf_counter() - t0
+        w.stats.compiled += 1
+        self.count("num_inductor_compiles" if self.compiler.is_inductor else "num_eager_compiles")
+        if mc is not None and result.handle is not None:
+            if isinstance(result.handle, dict) and "artifact" in result.handle:
+                self.count("num_compiled_artifacts_saved")
+            try:
+                mc.index.insert(w.key, {"digest": w.digest, "handle": result.handle})
+                self.count("num_cache_entries_updated")
+            except CacheError as e:
+                _log.warning("fxpiece: could not record piece %d in the index: %s", w.item.index, e)
+        return result.fn
+
+
+def _readonly_inductor_dir(own: Path) -> str:
+    """Inductor writes into its cache dir even to load (kernels, locks): use
+    the cache's own when writable, else a private temporary one."""
+    if own.is_dir() and os.access(own, os.W_OK):
+        return str(own)
+    return tempfile.mkdtemp(prefix="fxpiece-inductor-")
+
+
+def entry_point(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    """``torch.compile(model, backend="fxpiece")``: a backend configured by
+    :meth:`CompileConfig.from_env`."""
+    return Backend(CompileConfig.from_env())(gm, example_inputs)

@@ -1,0 +1,130 @@
+"""Planning: every (piece, entry) to build, with its example inputs, its
+artifact digest and its index key, before anything is loaded or compiled."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from fxpiece.cache.keys import IndexKey, artifact_digest, index_key
+from fxpiece.cache.store import ArtifactStore
+from fxpiece.config import CompileConfig
+from fxpiece.piecewise.dispatch import concrete_inputs, token_symbol_index
+from fxpiece.piecewise.factors import input_meta, piece_signature
+from fxpiece.piecewise.interface import CompileContext
+from fxpiece.piecewise.passes import PassManager
+from fxpiece.piecewise.split import SplitItem
+from fxpiece.piecewise.stats import PieceStats
+from fxpiece.ranges import Range
+
+__all__ = ["PiecePlan", "Work", "fake_inputs", "piece_inputs", "plan_piece"]
+
+
+@dataclass(frozen=True)
+class Work:
+    """One (piece, entry) to load or compile."""
+
+    item: SplitItem
+    entry: Range
+    args: Sequence[Any]
+    """Example inputs: symbolic for a range, concrete for an exact size."""
+    ctx: CompileContext
+    stats: PieceStats
+    key: IndexKey
+    """Its key in the model's index."""
+
+    @property
+    def digest(self) -> str:
+        return self.ctx.digest
+
+
+@dataclass(frozen=True)
+class PiecePlan:
+    """Every entry of one compiled piece."""
+
+    item: SplitItem
+    sym_index: int | None
+    """Which argument of the piece is the token count (``None``: static)."""
+    work: tuple[Work, ...]
+    num_pieces: int
+
+
+def plan_piece(
+    config: CompileConfig,
+    it: SplitItem,
+    args: Sequence[Any],
+    stats: PieceStats,
+    *,
+    store: ArtifactStore | None,
+    shared: str,
+    compiler_name: str,
+    inductor_options: dict[str, Any],
+    num_pieces: int,
+) -> PiecePlan:
+    """Every entry of piece ``it`` with its example inputs and digest."""
+    sym_index = token_symbol_index(args)
+    entries = (
+        config.compile_entries if sym_index is not None else (Range(1, config.max_num_tokens),)
+    )  # static shapes: one compile serves every call
+    signature = piece_signature(it.graph)
+    meta = [input_meta(a) for a in args]
+    work: list[Work] = []
+    for entry in entries:
+        ex_args: Sequence[Any] = args
+        concrete = False
+        if entry.is_single_size and sym_index is not None:
+            conc = concrete_inputs(args, sym_index, entry.start)
+            if conc is not None:
+                ex_args, concrete = conc, True
+        pm = PassManager(config.post_grad_passes, entry) if config.post_grad_passes else None
+        digest = artifact_digest(
+            signature=signature,
+            inputs=meta,
+            start=entry.start,
+            end=entry.end,
+            concrete=concrete,
+            shared=shared,
+            passes=pm.uuid() if pm else None,
+            compiler=compiler_name,
+        )
+        ctx = CompileContext(
+            store=store, digest=digest, inductor_config=inductor_options, post_grad_pass=pm
+        )
+        key = index_key(entry.start, entry.end, it.index, compiler_name)
+        work.append(Work(it, entry, ex_args, ctx, stats, key))
+    return PiecePlan(it, sym_index, tuple(work), num_pieces)
+
+
+def fake_inputs(example_inputs: Sequence[Any], fake_mode: Any) -> list[Any]:
+    """The graph inputs as fake tensors of the tracing fake mode (symbolic
+    shapes; the mode memoises the fakes Dynamo made)."""
+    if fake_mode is None:
+        return list(example_inputs)
+    return [fake_mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in example_inputs]
+
+
+def piece_inputs(
+    split_gm: torch.fx.GraphModule,
+    fake_args: Sequence[Any],
+    fake_mode: Any,
+    names: set[str],
+) -> dict[str, tuple[Any, ...]]:
+    """Run the split module on fake inputs and record each piece's arguments
+    (their order is the piece's, not Dynamo's)."""
+    captured: dict[str, tuple[Any, ...]] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+            if target in names:
+                captured[str(target)] = tuple(args)
+            return super().call_module(target, args, kwargs)
+
+    ctx = fake_mode if fake_mode is not None else contextlib.nullcontext()
+    with ctx, torch.no_grad():
+        Recorder(split_gm).run(*fake_args)
+    return captured

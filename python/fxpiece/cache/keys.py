@@ -29,11 +29,13 @@ from fxpiece.hashing import hash_factors
 
 __all__ = [
     "GROUPS",
+    "KERNELS_KEY",
     "IndexKey",
     "KeyFactors",
     "artifact_digest",
     "factors_key",
     "index_key",
+    "kernels_digest",
     "shared_digest",
 ]
 
@@ -41,6 +43,9 @@ GROUPS = ("env", "config", "inductor", "graph", "code", "compiler")
 """The factor groups of a model key, in the order they are reported."""
 
 IndexKey = tuple[int, int, int, str]
+
+KERNELS_KEY: IndexKey = (0, 0, -1, "kernels")
+"""Where a model's index keeps its kernel bundle (:mod:`fxpiece.piecewise.kernels`)."""
 
 
 def factors_key(factors: Mapping[str, Any]) -> str:
@@ -107,6 +112,11 @@ def artifact_digest(
             "compiler": compiler,
         }
     )
+
+
+def kernels_digest(payload_checksum: str) -> str:
+    """The artifact digest of a kernel bundle: its content."""
+    return hash_factors({"kernels": payload_checksum})
 
 
 def index_key(start: int, end: int, piece: int, compiler: str) -> IndexKey:

@@ -55,14 +55,20 @@ def force_disable_caches() -> bool:
     return bool(getattr(torch._inductor.config, "force_disable_caches", False))
 
 
-def cpu_vec_isa() -> str:
-    """The vector ISA Inductor's C++ codegen targets on this CPU."""
+def cpu_vec_isa() -> dict[str, Any]:
+    """What decides the vector ISA Inductor's C++ codegen targets on this CPU,
+    without Inductor's probe (which compiles test programs in its cache
+    folder): ATen's CPU capability and the CPU's feature flags."""
+    flags: list[str] = []
     try:
-        from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-        return str(pick_vec_isa())
-    except Exception as e:  # pragma: no cover - depends on the toolchain
-        return f"unknown ({type(e).__name__})"
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    flags = sorted(set(line.split(":", 1)[1].split()))
+                    break
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return {"aten": torch.backends.cpu.get_cpu_capability(), "cpu_flags": flags}
 
 
 def cpp_compiler() -> str:
@@ -214,10 +220,10 @@ def compile_fx_cached(
     *,
     dynamic: bool,
     options: Mapping[str, Any],
-) -> tuple[Callable[..., Any], str | None, str | None]:
+) -> tuple[Callable[..., Any], str | None]:
     """Compile with ``compile_fx`` through Inductor's FX graph cache.
 
-    Returns ``(fn(*args), fx_graph_cache_key, generated_module_file)``.
+    Returns ``(fn(*args), fx_graph_cache_key)``.
     """
     from unittest.mock import patch
 
@@ -229,9 +235,6 @@ def compile_fx_cached(
     def inner(*args: Any, **kwargs: Any) -> Any:
         out = cfx.compile_fx_inner(*args, **kwargs)
         captured["key"] = getattr(out, "_fx_graph_cache_key", None)
-        fn = getattr(out, "current_callable", None)
-        code = getattr(fn, "__code__", None)
-        captured["file"] = getattr(code, "co_filename", None)
         return out
 
     with contextlib.ExitStack() as st:
@@ -255,7 +258,7 @@ def compile_fx_cached(
             config_patches={"fx_graph_cache": True},
         )
     fn: Callable[..., Any] = compiled  # type: ignore[assignment]
-    return fn, captured.get("key"), captured.get("file")
+    return fn, captured.get("key")
 
 
 def load_fx_cached(key: str, example_inputs: Sequence[Any]) -> Callable[..., Any] | None:

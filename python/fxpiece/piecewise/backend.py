@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -25,10 +23,11 @@ import torch
 import torch.fx
 
 import fxpiece
-from fxpiece.cache.keys import KeyFactors, shared_digest
+from fxpiece.cache.keys import KERNELS_KEY, KeyFactors, kernels_digest, shared_digest
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.lease import acquire_or_wait
 from fxpiece.cache.model import ModelCache
+from fxpiece.cache.store import checksum
 from fxpiece.cache.trust import ensure_private_dir
 from fxpiece.config import CompileConfig
 from fxpiece.context import current_model_tag
@@ -39,6 +38,7 @@ from fxpiece.piecewise.compilers import make_compiler
 from fxpiece.piecewise.dispatch import PieceRunner
 from fxpiece.piecewise.factors import make_key_factors
 from fxpiece.piecewise.interface import CompilerInterface
+from fxpiece.piecewise.kernels import KernelDir
 from fxpiece.piecewise.ops import resolve_splitting_ops
 from fxpiece.piecewise.plan import PiecePlan, Work, fake_inputs, piece_inputs, plan_piece
 from fxpiece.piecewise.split import readable_split, split_graph, whole_graph
@@ -51,11 +51,10 @@ _log = logging.getLogger("fxpiece")
 
 @dataclass(frozen=True)
 class OpenedCache:
-    """A graph's cache: its key factors, model folder and Inductor's folder."""
+    """A graph's cache: its key factors and model folder."""
 
     factors: KeyFactors
     model: ModelCache
-    inductor_dir: str
     miss_explanation: str | None
 
 
@@ -86,6 +85,7 @@ class Backend:
         self._inductor_options = dict(self.config.inductor_config)
         self._built: dict[str, Callable[..., Any]] = {}
         """Every digest built by this backend, for reuse across its graphs."""
+        self._kernels: KernelDir | None = None
         if self.config.use_inductor_graph_partition:
             self._inductor_options.update(self._partition_options())
 
@@ -116,6 +116,13 @@ class Backend:
 
     def cache_enabled(self) -> bool:
         return not self.config.disable_cache and not _torch_compat.force_disable_caches()
+
+    @property
+    def kernel_dir(self) -> KernelDir:
+        """Inductor's cache folder for this backend: private, temporary."""
+        if self._kernels is None:
+            self._kernels = KernelDir(self.compiler.inductor_cache_subdirs)
+        return self._kernels
 
     def before_build(self, work: Sequence[Work], model_cache: ModelCache | None) -> None:
         """Hook run after planning, before any entry is loaded or compiled
@@ -189,13 +196,17 @@ class Backend:
             )
             for it in compiled_items
         ]
-        with _torch_compat.inductor_cache_dir(cache.inductor_dir if cache else None):
+        if mc is not None:
+            self._restore_kernels(mc)
+        with _torch_compat.inductor_cache_dir(str(self.kernel_dir.path)):
             self.before_build([w for p in plans for w in p.work], mc)
             for plan in plans:
                 runner = self._build_piece(plan, mc)
                 gstats.runners.append(runner)
                 # Not a submodule assignment: the runner is not an nn.Module.
                 split_gm.__dict__[plan.item.name] = runner
+        if mc is not None and not mc.readonly:
+            self._save_kernels(mc)
         gstats.compile_s = sum(p.compile_s for p in gstats.pieces)
         gstats.load_s = sum(p.load_s for p in gstats.pieces)
         gstats.total_s = time.perf_counter() - t_start
@@ -227,12 +238,8 @@ class Backend:
         readonly = cfg.cache_readonly
         root = cfg.resolved_cache_dir()
         layout = CacheLayout(root if readonly else ensure_private_dir(root))
-        if readonly:
-            inductor_dir = _readonly_inductor_dir(layout.inductor_dir)
-        else:
-            inductor_dir = str(ensure_private_dir(layout.inductor_dir))
-        # Inside the cache: the key's ISA probe compiles test programs.
-        with _torch_compat.inductor_cache_dir(inductor_dir):
+        # The key's ISA probe compiles test programs in Inductor's folder.
+        with _torch_compat.inductor_cache_dir(str(self.kernel_dir.path)):
             factors = make_key_factors(
                 cfg, self.compiler.compute_hash(), gm, fake_args, _torch_compat.traced_files()
             )
@@ -251,7 +258,7 @@ class Backend:
         )
         if not readonly:
             self._best_effort(model.write_factors, factors.as_dict())
-        return OpenedCache(factors, model, inductor_dir, miss_explanation)
+        return OpenedCache(factors, model, miss_explanation)
 
     def _explain_new_key(self, root: Path, model_tag: str, factors: KeyFactors) -> str:
         """Why this key is new: the factors that differ from the nearest
@@ -274,6 +281,36 @@ class Backend:
             write(value)
         except OSError as e:
             _log.warning("fxpiece: could not write to the cache: %s", e)
+
+    # -- kernels ---------------------------------------------------------------
+    def _restore_kernels(self, mc: ModelCache) -> None:
+        """Unpack the model's verified kernel bundle into Inductor's private
+        folder, so loads rebuild no C++ kernel."""
+        value = mc.index.get(KERNELS_KEY)
+        if not isinstance(value, dict):
+            return
+        payload = mc.artifacts.load(value.get("handle"))
+        if payload is None:
+            self.count("num_corrupt_artifacts")
+            _log.warning("fxpiece: the kernel bundle is missing or corrupt; kernels are rebuilt")
+            return
+        try:
+            self.kernel_dir.unpack(payload)
+        except CacheError as e:
+            self.count("num_corrupt_artifacts")
+            _log.warning("fxpiece: %s; kernels are rebuilt", e)
+
+    def _save_kernels(self, mc: ModelCache) -> None:
+        """Store what Inductor built or rebuilt for this graph, if anything."""
+        payload = self.kernel_dir.bundle()
+        if payload is None:
+            return
+        try:
+            digest = kernels_digest(checksum(payload))
+            handle = mc.artifacts.put(digest, payload)
+            mc.index.insert(KERNELS_KEY, {"digest": digest, "handle": handle})
+        except CacheError as e:
+            _log.warning("fxpiece: could not store the kernel bundle: %s", e)
 
     # -- building ------------------------------------------------------------
     def _build_piece(self, plan: PiecePlan, mc: ModelCache | None) -> PieceRunner:
@@ -434,14 +471,6 @@ class Backend:
             except CacheError as e:
                 _log.warning("fxpiece: could not record piece %d in the index: %s", w.item.index, e)
         return result.fn
-
-
-def _readonly_inductor_dir(own: Path) -> str:
-    """Inductor writes into its cache dir even to load (kernels, locks): use
-    the cache's own when writable, else a private temporary one."""
-    if own.is_dir() and os.access(own, os.W_OK):
-        return str(own)
-    return tempfile.mkdtemp(prefix="fxpiece-inductor-")
 
 
 def entry_point(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -150,6 +149,7 @@ class InductorFxCacheCompiler(InductorStandaloneCompiler):
     cache key and the generated module's path as the handle."""
 
     name = "inductor-fx-cache"
+    inductor_cache_subdirs = ("fxgraph",)
 
     def compile(
         self,
@@ -159,13 +159,10 @@ class InductorFxCacheCompiler(InductorStandaloneCompiler):
         ctx: CompileContext,
     ) -> CompileResult:
         with compiling_range(entry):
-            fn, key, module_file = _torch_compat.compile_fx_cached(
+            fn, key = _torch_compat.compile_fx_cached(
                 graph, example_inputs, dynamic=not entry.is_single_size, options=_options(ctx)
             )
-        handle = None
-        if ctx.store is not None and key:
-            rel = _relative(module_file, ctx.store.root)
-            handle = {"fx_graph_cache_key": key, "module": rel}
+        handle = {"fx_graph_cache_key": key} if ctx.store is not None and key else None
         return CompileResult(unpacking(fn, graph_returns_tuple(graph)), handle)
 
     def load(
@@ -191,15 +188,6 @@ def _list_call(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn(list(args))
 
     return call
-
-
-def _relative(path: str | None, root: Path) -> str | None:
-    if not path:
-        return None
-    try:
-        return str(Path(path).resolve().relative_to(root.resolve()))
-    except ValueError:
-        return None
 
 
 def make_compiler(spec: str | CompilerInterface) -> CompilerInterface:

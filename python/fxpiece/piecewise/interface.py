@@ -59,6 +59,9 @@ class CompilerInterface(ABC):
 
     name: str = "custom"
     """Enters the index key and the cache key; unique per compiler."""
+    inductor_cache_subdirs: tuple[str, ...] = ()
+    """Folders of Inductor's cache that this compiler's handles point into;
+    they are kept in the kernel bundle (:mod:`fxpiece.piecewise.kernels`)."""
 
     def compute_hash(self) -> str:
         """A hash of everything about this compiler that changes its output

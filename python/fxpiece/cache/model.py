@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from fxpiece.cache.index import CacheIndex, write_atomic
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.store import ArtifactStore
-from fxpiece.cache.trust import check_trusted, ensure_private_dir
+from fxpiece.cache.trust import check_parents, check_stat, check_trusted, ensure_private_dir
 from fxpiece.context import validate_path_part
 
 __all__ = ["ModelCache"]
@@ -35,22 +37,41 @@ class ModelCache:
         self.folder = layout.model_dir(key, model_tag)
         if not readonly:
             ensure_private_dir(self.folder)
-        if not trust:
-            for folder in (
-                layout.root,
-                layout.artifacts_dir,
-                layout.models_dir,
-                self.folder.parent,
-                self.folder,
-            ):
-                check_trusted(folder)
         index = layout.index_dir(self.folder)
+        if not trust:
+            self._check_trusted(index)
         self.index = (
             CacheIndex(str(index), readonly=True)
             if readonly
             else CacheIndex(str(ensure_private_dir(index)))
         )
-        self.artifacts = ArtifactStore(layout, readonly=readonly)
+        self.artifacts = ArtifactStore(layout, readonly=readonly, trust=trust)
+
+    def _check_trusted(self, index: Path) -> None:
+        """Every folder code or entries are loaded from, the files of the
+        index, and every folder above the root (see :mod:`fxpiece.cache.trust`)."""
+        root = self.layout.root
+        check_parents(root)
+        try:
+            check_stat(root, os.stat(root))  # the root itself may be a symlink you made
+        except FileNotFoundError:
+            return
+        for folder in (
+            self.layout.artifacts_dir,
+            self.layout.models_dir,
+            self.layout.locks_dir,
+            self.folder.parent,
+            self.folder,
+            index,
+        ):
+            check_trusted(folder)
+        try:
+            entries = list(os.scandir(index))
+        except OSError:
+            return
+        for e in entries:
+            with contextlib.suppress(OSError):
+                check_stat(Path(e.path), e.stat(follow_symlinks=False), "index file")
 
     @property
     def root(self) -> Path:

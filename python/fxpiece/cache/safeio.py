@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 
 from fxpiece.errors import HostileFileError
 
@@ -41,12 +42,17 @@ def file_kind(mode: int) -> str:
     return "a regular file" if stat.S_ISREG(mode) else "a special file"
 
 
-def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
+def read_regular(
+    path: str | os.PathLike[str],
+    limit: int,
+    check: Callable[[os.stat_result], None] | None = None,
+) -> bytes:
     """The bytes of the regular file at ``path`` (at most ``limit``).
 
     Raises :class:`~fxpiece.errors.HostileFileError` (a ``CacheError``) for
     a symlink, FIFO, device, socket, folder or a file over ``limit``, and
-    ``FileNotFoundError`` if nothing is there."""
+    ``FileNotFoundError`` if nothing is there. ``check`` is called with the
+    opened file's ``fstat`` before anything is read (e.g. the trust check)."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags)
@@ -71,6 +77,8 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
                 f"{os.fspath(path)} is {file_kind(st.st_mode)}, not a regular file",
                 str(path),
             )
+        if check is not None:
+            check(st)
         if st.st_size > limit:
             raise HostileFileError(
                 errno.EFBIG,

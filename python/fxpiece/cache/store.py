@@ -30,8 +30,8 @@ from typing import Any
 
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.safeio import read_regular
-from fxpiece.cache.trust import ensure_private_dir
-from fxpiece.errors import CacheError, CorruptArtifactError
+from fxpiece.cache.trust import check_stat, check_trusted, ensure_private_dir
+from fxpiece.errors import CacheError, CorruptArtifactError, UntrustedCacheError
 from fxpiece.hashing import hash_factors
 
 __all__ = ["ARTIFACT_LIMIT", "ArtifactStore", "checksum", "parse_artifact", "quarantine"]
@@ -103,6 +103,8 @@ class ArtifactStore:
     layout: CacheLayout
     readonly: bool = False
     """Never write, move or touch anything (``cache_readonly``)."""
+    trust: bool = False
+    """Load artifacts that other users own or can write (``allow_untrusted_cache``)."""
 
     @property
     def root(self) -> Path:
@@ -115,13 +117,20 @@ class ArtifactStore:
         """``(payload, checksum)`` of the stored artifact, ``None`` if there is
         none; a corrupt or hostile file is moved aside and ``None`` returned."""
         path = self.layout.artifact_path(digest)
+        check = None
+        if not self.trust:
+            check_trusted(path.parent)
+
+            def check(st: os.stat_result) -> None:
+                check_stat(path, st, "cached artifact")
+
         try:
-            data = read_regular(path, ARTIFACT_LIMIT + 256)
+            data = read_regular(path, ARTIFACT_LIMIT + 256, check)
             return parse_artifact(data, str(path))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        except NotADirectoryError:
-            return None
+        except UntrustedCacheError:
+            raise
         except CacheError:
             if not self.readonly:
                 quarantine(path)
@@ -176,7 +185,13 @@ class ArtifactStore:
             return None
         digest = self.layout.digest_of_artifact(handle["artifact"])
         have = self.read(digest)
-        if have is None or have[1] != handle.get("blake3"):
+        if have is None:
+            return None
+        if have[1] != handle.get("blake3"):
+            # Artifacts are never replaced, so this one was swapped after it
+            # was recorded: move it aside so the recompile can store its own.
+            if not self.readonly:
+                quarantine(self.layout.artifact_path(digest))
             return None
         self.touch(self.layout.artifact_path(digest))
         return have[0]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fxpiece.errors import CacheError, UntrustedCacheError
 
-__all__ = ["check_trusted", "ensure_private_dir"]
+__all__ = ["check_parents", "check_stat", "check_trusted", "ensure_private_dir"]
 
 
 def ensure_private_dir(path: Path) -> Path:
@@ -38,30 +38,74 @@ def ensure_private_dir(path: Path) -> Path:
     return path
 
 
-def check_trusted(folder: Path) -> None:
-    """Refuse a folder that another user owns or can write: fxpiece loads
-    compiled code from the cache (Inductor imports generated Python and
-    unpickles), so whoever can write there could run code as us."""
-    try:
-        st = folder.stat()
-    except FileNotFoundError:
-        return
+_ALLOW = (
+    "set allow_untrusted_cache=True (FXPIECE_ALLOW_UNTRUSTED_CACHE=1) only if you trust "
+    "everyone who can write there"
+)
+
+
+def _refuse(path: Path, why: str, fix: str) -> UntrustedCacheError:
+    return UntrustedCacheError(
+        errno.EPERM,
+        f"{path} {why}; fxpiece loads compiled code from the cache, so whoever can write "
+        f"there could run code as you. Fix: {fix}, or {_ALLOW}",
+        str(path),
+    )
+
+
+def check_stat(path: Path, st: os.stat_result, what: str = "cache folder") -> None:
+    """Refuse what another user owns or can write (a folder, or a file we
+    are about to load)."""
     uid = os.getuid()
     if st.st_uid not in (uid, 0):
-        raise UntrustedCacheError(
-            errno.EPERM,
-            f"cache folder {folder} belongs to uid {st.st_uid}, not to you (uid {uid}); "
-            "fxpiece would load code from it. Use a folder of your own, or set "
-            "allow_untrusted_cache=True (FXPIECE_ALLOW_UNTRUSTED_CACHE=1) if you trust its owner",
-            str(folder),
+        raise _refuse(
+            path,
+            f"({what}) belongs to uid {st.st_uid}, not to you (uid {uid})",
+            "use a cache folder of your own",
         )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UntrustedCacheError(
-            errno.EPERM,
-            f"cache folder {folder} is writable by other users (mode "
-            f"{stat.S_IMODE(st.st_mode):o}); fxpiece would load code from it. "
-            f"Fix: chmod go-w {folder} (fxpiece creates its folders 0700), or set "
-            "allow_untrusted_cache=True (FXPIECE_ALLOW_UNTRUSTED_CACHE=1) if you trust "
-            "everyone who can write there",
-            str(folder),
+        raise _refuse(
+            path,
+            f"({what}) is writable by other users (mode {stat.S_IMODE(st.st_mode):o})",
+            f"chmod go-w {path} (fxpiece creates its folders 0700)",
         )
+
+
+def check_trusted(folder: Path) -> None:
+    """Refuse a folder inside the cache that another user owns or can write,
+    or a symlink standing in for one (it could lead anywhere)."""
+    try:
+        st = os.lstat(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise _refuse(folder, "is a symlink inside the cache", f"remove it (rm {folder})")
+    check_stat(folder, st)
+
+
+def check_parents(root: Path) -> None:
+    """Refuse a cache root that someone else could swap: every folder above
+    it must belong to you or root and be writable by nobody else, unless it
+    has the sticky bit (like /tmp)."""
+    uid = os.getuid()
+    for parent in root.resolve().parents:
+        try:
+            st = os.stat(parent)
+        except OSError:
+            continue
+        sticky = bool(st.st_mode & stat.S_ISVTX)
+        if st.st_uid not in (uid, 0) and not sticky:
+            raise _refuse(
+                parent,
+                f"(a parent of the cache root {root}) belongs to uid {st.st_uid}, who could "
+                "replace the cache",
+                "put the cache under a folder you own",
+            )
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky:
+            raise _refuse(
+                parent,
+                f"(a parent of the cache root {root}) is writable by other users "
+                f"(mode {stat.S_IMODE(st.st_mode):o}) without the sticky bit, so anyone "
+                "could swap the cache root",
+                f"chmod go-w {parent} (or chmod +t {parent})",
+            )

@@ -88,6 +88,11 @@ class Backend:
         self._kernels: KernelDir | None = None
         if self.config.use_inductor_graph_partition:
             self._inductor_options.update(self._partition_options())
+        if self.config.allow_untrusted_cache and self.cache_enabled():
+            _log.warning(
+                "fxpiece: allow_untrusted_cache is set: code is loaded from cache folders "
+                "and files that other users own or can write"
+            )
 
     def _partition_options(self) -> dict[str, Any]:
         if not _torch_compat.graph_partition_supported():
@@ -430,6 +435,8 @@ class Backend:
         t0 = time.perf_counter()
         try:
             fn = self.compiler.load(value.get("handle"), w.item.graph, w.args, w.entry, w.ctx)
+        except UntrustedCacheError:
+            raise
         except Exception as e:  # pruned meanwhile, or unloadable: recompile, never crash
             _log.warning(
                 "fxpiece: loading piece %d %s failed (%s: %s)",

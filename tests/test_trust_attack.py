@@ -95,8 +95,8 @@ def built() -> Iterator[tuple[Path, Path, Path]]:
 
 @pytest.fixture
 def victim(built: tuple[Path, Path, Path], tmp_path: Path) -> Iterator[Path]:
-    """A copy of the built cache in a folder nobody can reach, then open it."""
-    base, cache, _ = built
+    """A copy of the built cache in a folder of its own that nobody can traverse."""
+    cache = built[1]
     where = Path(tempfile.mkdtemp(prefix="fxpiece-victim-", dir="/tmp"))
     os.chmod(where, 0o755)
     copy = where / "cache"

@@ -73,15 +73,25 @@ class KeyFactors:
         return factors_key(self.as_dict())
 
 
-def shared_digest(*, compiler: Any, inductor: Any, env: Any, partition: bool, version: str) -> str:
-    """What every artifact of one backend shares: the compiler factors, the
-    resolved Inductor options, the environment factors, the partition mode
-    and fxpiece's own version."""
+def shared_digest(
+    *,
+    compiler: Any,
+    inductor: Any,
+    env: Any,
+    implementations: str | None,
+    partition: bool,
+    version: str,
+) -> str:
+    """What every artifact of one graph shares: the compiler factors, the
+    resolved Inductor options, the environment factors, the sources of the
+    op implementations the graph calls (inlined without being traced), the
+    partition mode and fxpiece's own version."""
     return hash_factors(
         {
             "compiler": compiler,
             "inductor": inductor,
             "env": env,
+            "implementations": implementations,
             "partition": partition,
             "fxpiece": version,
         }

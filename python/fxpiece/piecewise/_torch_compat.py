@@ -23,6 +23,7 @@ __all__ = [
     "cpu_vec_isa",
     "detect_fake_mode",
     "force_disable_caches",
+    "freezing_enabled",
     "graph_partition_supported",
     "inductor_cache_dir",
     "inductor_config_patch",
@@ -48,6 +49,11 @@ def inductor_config_portable() -> dict[str, Any]:
 def inductor_option_names() -> frozenset[str]:
     """Every ``torch._inductor.config`` option name."""
     return frozenset(torch._inductor.config.get_config_copy())
+
+
+def freezing_enabled(overrides: Mapping[str, Any]) -> bool:
+    """Whether Inductor's ``freezing`` is on (globally or in ``overrides``)."""
+    return bool(overrides.get("freezing", torch._inductor.config.freezing))
 
 
 def force_disable_caches() -> bool:
@@ -288,3 +294,162 @@ def mark_token_dim(t: torch.Tensor, dim: int) -> None:
     from torch._dynamo.decorators import mark_unbacked
 
     mark_unbacked(t, dim)
+
+
+# -- what enters the cache key --------------------------------------------------
+
+ENV_CHANGES_CODE = frozenset(
+    {
+        "ATEN_CPU_CAPABILITY",  # the ISA ATen's kernels and Inductor's codegen target
+        "TORCH_BF16_REDUCED_PRECISION",
+        "TORCHINDUCTOR_DEBUG_COMPILE",  # read by cpp_builder: -O0 -g
+        "TORCHINDUCTOR_DEBUG_SYMBOL",
+        "TORCHINDUCTOR_FX_COMPILE_MODE",
+        "TORCHINDUCTOR_PATTERN_MATCH_BACKEND",
+        "CXX",  # which C++ compiler Inductor runs
+    }
+)
+"""Environment variables read outside ``torch._inductor.config`` that change
+generated code (every ``TORCHINDUCTOR_*`` option backed by the config is
+keyed through the config)."""
+
+INDUCTOR_NOT_IN_KEY = frozenset(
+    {
+        # where things are written, and which caches are used
+        "_cache_config_ignore_prefix",
+        "_profile_var",
+        "aot_inductor.output_path",
+        "autoheuristic_log_path",
+        "autotune_local_cache",
+        "autotune_remote_cache",
+        "bundle_triton_into_fx_graph_cache",
+        "bundled_autotune_remote_cache",
+        "cpp_cache_precompile_headers",
+        "cuda.binary_remote_cache_force_write",
+        "cuda.cutlass_dir",
+        "cuda.upload_to_binary_remote_cache",
+        "cuda.use_binary_remote_cache",
+        "cutlass.binary_remote_cache_force_write",
+        "cutlass.cutlass_dir",
+        "cutlass.upload_to_binary_remote_cache",
+        "cutlass.use_binary_remote_cache",
+        "fx_graph_cache",
+        "fx_graph_remote_cache",
+        "global_cache_dir",
+        "non_blocking_remote_cache_write",
+        "remote_gemm_autotune_cache",
+        "rocm.ck_dir",
+        "xpu.binary_remote_cache_force_write",
+        "xpu.cutlass_dir",
+        "xpu.upload_to_binary_remote_cache",
+        "xpu.use_binary_remote_cache",
+        # how many workers compile, and how they log
+        "compile_threads",
+        "compile_worker_mode",
+        "compile_worker_wait_timeout",
+        "compile_worker_watchdog_interval_seconds",
+        "torchinductor_worker_logpath",
+        "worker_log_path",
+        "worker_start_method",
+        "worker_suppress_logging",
+        "log_tlparse",
+        # debug output written next to the compile (trace.*)
+        "trace.compile_profile",
+        "trace.debug_dir",
+        "trace.debug_log",
+        "trace.dot_graph_shape",
+        "trace.draw_orig_fx_graph",
+        "trace.enabled",
+        "trace.fx_graph",
+        "trace.fx_graph_transformed",
+        "trace.graph_diagram",
+        "trace.graph_diagram_format",
+        "trace.info_log",
+        "trace.ir_post_fusion",
+        "trace.ir_pre_fusion",
+        "trace.log_autotuning_results",
+        "trace.log_url_for_graph_xform",
+        "trace.orig_fx_graph_diagram_format",
+        "trace.output_code",
+        "trace.provenance_tracking_level",
+        "trace.provenance_tracking_max_events",
+        "trace.provenance_tracking_to_timeline",
+        "trace.save_real_tensors",
+        "trace.upload_tar",
+    }
+)
+"""Inductor options that never change generated code (exact names): cache
+and output locations, cache switches, compile workers, logging and debug
+traces. Every other option enters the key."""
+
+
+def runtime_factors() -> dict[str, Any]:
+    """Process-wide settings that change generated code."""
+    return {
+        "threads": torch.get_num_threads(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "mkldnn": bool(torch.backends.mkldnn.enabled),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+    }
+
+
+def _source_file(fn: Any) -> str | None:
+    import inspect
+
+    try:
+        path = inspect.getsourcefile(inspect.unwrap(fn))
+    except (TypeError, OSError, ValueError):
+        return None
+    return os.path.abspath(path) if path else None
+
+
+def _op_implementations(target: Any) -> list[Any]:
+    """Python functions behind an operator: a custom op's kernels, fake and
+    autograd implementations, Python kernels, user decompositions and
+    lowerings."""
+    from torch._library import custom_ops, simple_registry
+
+    packet = target.overloadpacket if isinstance(target, torch._ops.OpOverload) else target
+    qualname = packet._qualified_op_name
+    fns: list[Any] = []
+    opdef = custom_ops.OPDEFS.get(qualname)
+    if opdef is not None:
+        fns += [opdef._init_fn, opdef._abstract_fn, opdef._setup_context_fn, opdef._backward_fn]
+        fns += list(opdef._backend_fns.values())
+    overloads = [getattr(packet, name) for name in packet.overloads()]
+    for op in overloads:
+        fns += list(getattr(op, "py_kernels", {}).values())
+        entry = simple_registry.singleton.find(op.name())
+        fns += [k.func for k in entry.fake_impl.kernels]
+    from torch._decomp import decomposition_table
+    from torch._inductor import decomposition, lowering
+
+    for table in (decomposition_table, decomposition.decompositions, lowering.lowerings):
+        for op in (packet, *overloads):
+            fn = table.get(op)
+            if fn is not None:
+                fns.append(fn)
+    return [f for f in fns if f is not None]
+
+
+def implementation_files(gm: torch.fx.GraphModule) -> set[str]:
+    """Source files (outside torch) of the Python code that what ``gm`` calls
+    runs or is rewritten into: it can change the compiled code without
+    Dynamo ever tracing those files."""
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    out: set[str] = set()
+    seen: set[Any] = set()
+    for node in gm.graph.nodes:
+        t = node.target
+        if node.op != "call_function" or id(t) in seen:
+            continue
+        seen.add(id(t))
+        if isinstance(t, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+            fns = _op_implementations(t)
+        else:
+            fns = [t]
+        for fn in fns:
+            path = _source_file(fn)
+            if path is not None and not path.startswith(torch_dir):
+                out.add(path)
+    return out

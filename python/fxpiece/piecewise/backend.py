@@ -86,6 +86,7 @@ class Backend:
         self._built: dict[str, Callable[..., Any]] = {}
         """Every digest built by this backend, for reuse across its graphs."""
         self._kernels: KernelDir | None = None
+        self._tags_seen: set[str] = set()
         if self.config.use_inductor_graph_partition:
             self._inductor_options.update(self._partition_options())
         if self.config.allow_untrusted_cache and self.cache_enabled():
@@ -137,6 +138,13 @@ class Backend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         t_start = time.perf_counter()
         cfg = self.config
+        if _torch_compat.freezing_enabled(self._inductor_options):
+            raise ConfigError(
+                "inductor_config",
+                "Inductor's freezing is not supported by the piecewise backend (it folds "
+                "parameters into each piece as constants, which the pieces do not own); "
+                "set torch._inductor.config.freezing = False (TORCHINDUCTOR_FREEZING=0)",
+            )
         self.count("num_graphs_seen")
         tag = current_model_tag()
         model_tag = tag.tag if tag is not None else cfg.model_tag
@@ -183,6 +191,7 @@ class Backend:
             compiler=factors.compiler if factors else self.compiler.compute_hash(),
             inductor=factors.inductor if factors else dict(cfg.inductor_config),
             env=factors.env if factors else {},
+            implementations=factors.code.get("implementations") if factors else None,
             partition=cfg.use_inductor_graph_partition,
             version=fxpiece.__version__,
         )
@@ -270,12 +279,17 @@ class Backend:
         cached key of the same model tag (logged once per graph)."""
         from fxpiece.cache.explain import nearest_sibling
 
+        first = model_tag not in self._tags_seen
+        self._tags_seen.add(model_tag)
         found = nearest_sibling(root, model_tag, factors.as_dict(), exclude_key=factors.key)
         if found is None:
             return f"no other key is cached for model tag {model_tag!r}"
         folder, diff = found
         text = f"nearest cached key {folder.parent.name[:16]} differs: {diff.summary()}"
-        _log.warning("fxpiece: cache miss for model tag %r: %s", model_tag, text)
+        # A model's 2nd, 3rd... Dynamo graph is new to the cache by nature:
+        # say so only when a cached key of this very graph differs.
+        if first or diff.graph is None:
+            _log.warning("fxpiece: cache miss for model tag %r: %s", model_tag, text)
         return text
 
     @staticmethod

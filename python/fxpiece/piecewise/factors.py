@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import os
 import platform
-import re
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
@@ -30,54 +29,65 @@ import torch
 import fxpiece
 from fxpiece.cache.keys import KeyFactors
 from fxpiece.config import CompileConfig
+from fxpiece.errors import ConfigError
 from fxpiece.hashing import hash_factors, hash_files_report
 from fxpiece.piecewise import _torch_compat
 
 __all__ = [
+    "code_factor",
     "compiler_factors",
     "config_factors",
     "env_factors",
+    "factor_value",
     "graph_factor",
     "input_meta",
     "make_key_factors",
     "piece_signature",
+    "portable_path",
 ]
-
-ENV_ALLOW_NAMES = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "TORCH_BF16_REDUCED_PRECISION")
-"""Variables outside ``TORCHINDUCTOR_*`` that change generated code."""
-_ENV_PREFIX = "TORCHINDUCTOR_"
-_ENV_DENY = re.compile(r"(DIR|PATH|CACHE|THREADS|DEBUG|TRACE|LOG|PORT|RANK|WORKER|PROFILE)")
-_INDUCTOR_DENY = re.compile(
-    r"(dir|path|log|cache|debug|trace|profil|compile_threads|worker)", re.IGNORECASE
-)
 
 
 def env_factors(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The allow-listed environment variables that are set."""
+    """The environment variables that change generated code and are set: an
+    exact allow-list (:data:`_torch_compat.ENV_CHANGES_CODE`). Inductor's
+    ``TORCHINDUCTOR_*`` options are read into its config and keyed there;
+    ports, ranks, paths, timeouts and the like never enter the key."""
     e = os.environ if env is None else env
-    out = {k: e[k] for k in ENV_ALLOW_NAMES if k in e}
-    for k, v in e.items():
-        if k.startswith(_ENV_PREFIX) and not _ENV_DENY.search(k[len(_ENV_PREFIX) :]):
-            out[k] = v
-    return dict(sorted(out.items()))
+    return {k: e[k] for k in sorted(_torch_compat.ENV_CHANGES_CODE) if k in e}
 
 
 def inductor_factors(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The portable Inductor config with ``overrides`` applied, minus paths,
-    logging and cache switches (which do not change generated code)."""
+    """Inductor's resolved config with ``overrides`` applied: every option
+    but an exact deny list of paths, logging and cache switches
+    (:data:`_torch_compat.INDUCTOR_NOT_IN_KEY`); custom pass hooks by their
+    ``uuid()``."""
     cfg = _torch_compat.inductor_config_portable()
     cfg.update(overrides)
-    return {k: _jsonable(v) for k, v in sorted(cfg.items()) if not _INDUCTOR_DENY.search(k)}
+    deny = _torch_compat.INDUCTOR_NOT_IN_KEY
+    return {k: factor_value(k, v) for k, v in sorted(cfg.items()) if k not in deny}
 
 
-def _jsonable(v: Any) -> Any:
+def factor_value(name: str, v: Any) -> Any:
+    """A config value as a key factor: JSON-like values as they are, objects
+    with a ``uuid()`` (Inductor's custom passes) by it; a callable without
+    one cannot be keyed and raises :class:`~fxpiece.ConfigError`."""
     if v is None or isinstance(v, bool | int | float | str):
         return v
     if isinstance(v, list | tuple):
-        return [_jsonable(x) for x in v]
+        return [factor_value(name, x) for x in v]
     if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    return f"<{type(v).__module__}.{type(v).__qualname__}>"
+        return {str(k): factor_value(name, x) for k, x in v.items()}
+    uuid = getattr(v, "uuid", None)
+    if callable(uuid):
+        return {"uuid": str(uuid())}
+    if callable(v):
+        raise ConfigError(
+            "inductor_config",
+            f"{name} is set to {v!r}, which has no uuid(): the cache cannot tell when it "
+            "changes. Make it a torch._inductor.custom_graph_pass.CustomGraphPass with a "
+            "uuid() (or an fxpiece.InductorPass in post_grad_passes), or disable the cache",
+        )
+    return f"{type(v).__module__}.{type(v).__qualname__}:{v}"
 
 
 def config_factors(config: CompileConfig) -> dict[str, Any]:
@@ -88,7 +98,9 @@ def config_factors(config: CompileConfig) -> dict[str, Any]:
         "splitting_ops": sorted(resolve_splitting_ops(config.splitting_ops).labels),
         "compile_entries": [[r.start, r.end] for r in config.compile_entries],
         "compiler": config.compiler_name,
-        "inductor_config": {k: _jsonable(v) for k, v in sorted(config.inductor_config.items())},
+        "inductor_config": {
+            k: factor_value(k, v) for k, v in sorted(config.inductor_config.items())
+        },
         "post_grad_passes": [p.uuid() for p in config.post_grad_passes],
         "use_inductor_graph_partition": config.use_inductor_graph_partition,
     }
@@ -116,6 +128,7 @@ def compiler_factors(compiler_hash: str) -> dict[str, Any]:
         "cxx": _cxx_version(),
         "adaptor": compiler_hash,
         "fxpiece": fxpiece.__version__,
+        "runtime": _torch_compat.runtime_factors(),
     }
 
 
@@ -142,6 +155,33 @@ def input_meta(a: Any) -> Any:
     return {"type": type(a).__name__}
 
 
+def portable_path(path: str) -> str:
+    """``path`` relative to the ``sys.path`` entry holding it (site-packages,
+    the project's root), so the same files at another place key the same."""
+    best = ""
+    for entry in sys.path:
+        base = os.path.abspath(entry or os.curdir)
+        if path.startswith(base + os.sep) and len(base) > len(best):
+            best = base
+    return os.path.relpath(path, best) if best else path
+
+
+def code_factor(traced_files: Iterable[str], gm: torch.fx.GraphModule) -> dict[str, Any]:
+    """Every source file Dynamo traced, and the files of every Python
+    implementation of what the graph calls (custom ops' kernels and fake
+    implementations, user decompositions and lowerings, functions allowed in
+    the graph): by content and portable path."""
+    impl = _torch_compat.implementation_files(gm)
+    report = hash_files_report(sorted(set(traced_files) | impl))
+    by_path = {portable_path(f.path): f.digest for f in report.files}
+    impl_paths = {portable_path(p) for p in impl}
+    return {
+        "digest": hash_factors(by_path),
+        "implementations": hash_factors({p: d for p, d in by_path.items() if p in impl_paths}),
+        "files": by_path,
+    }
+
+
 def make_key_factors(
     config: CompileConfig,
     compiler_hash: str,
@@ -150,16 +190,12 @@ def make_key_factors(
     traced_files: Iterable[str],
     env: Mapping[str, str] | None = None,
 ) -> KeyFactors:
-    report = hash_files_report(traced_files)
     return KeyFactors(
         env=env_factors(env),
         config=config_factors(config),
         inductor=inductor_factors(config.inductor_config),
         graph=graph_factor(gm, example_inputs),
-        code={
-            "digest": report.digest,
-            "files": {f.path: f.digest for f in report.files},
-        },
+        code=code_factor(traced_files, gm),
         compiler=compiler_factors(compiler_hash),
     )
 

@@ -21,7 +21,11 @@ True
 
 from __future__ import annotations
 
-import inspect
+import ast
+import importlib.util
+import os
+import sys
+import sysconfig
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -30,28 +34,98 @@ import torch.fx
 
 from fxpiece.context import current_compile_range
 from fxpiece.errors import ConfigError
-from fxpiece.hashing import hash_factors
+from fxpiece.hashing import hash_factors, hash_files_report
 from fxpiece.piecewise._torch_compat import CustomGraphPassBase
 from fxpiece.ranges import Range
 
-__all__ = ["InductorPass", "PassManager"]
+__all__ = ["InductorPass", "PassManager", "pass_sources"]
 
 
-def _class_source(cls: type) -> str:
-    parts = []
-    for klass in cls.__mro__:
-        if klass in (InductorPass, ABC, object):
-            break
-        try:
-            parts.append(inspect.getsource(klass))
-        except (OSError, TypeError):
-            raise ConfigError(
-                "post_grad_passes",
-                f"cannot read the source of pass class {klass.__qualname__} to build its uuid; "
-                "define it in a file, or override uuid() to return a string that changes "
-                "whenever its behaviour does",
-            ) from None
-    return "\n".join(parts)
+_MAX_MODULES = 256
+
+
+def _is_library(path: str) -> bool:
+    """Part of Python or an installed third-party package (keyed by their
+    versions elsewhere), not of the project."""
+    libs = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return any(path.startswith(os.path.abspath(d) + os.sep) for d in libs)
+
+
+def _source_of(name: str) -> str | None:
+    """The source file of module ``name`` without importing anything new:
+    loaded modules by their ``__file__``, others only when their parent
+    package is loaded (``find_spec`` would import it otherwise)."""
+    mod = sys.modules.get(name)
+    if mod is not None:
+        path = getattr(mod, "__file__", None)
+        return os.path.abspath(path) if isinstance(path, str) else None
+    parent = name.rpartition(".")[0]
+    if parent and parent not in sys.modules:
+        return None
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    origin = spec.origin if spec is not None else None
+    return os.path.abspath(origin) if origin and os.path.isfile(origin) else None
+
+
+def _imports(name: str, path: str) -> set[str]:
+    """Names of the modules the source at ``path`` (module ``name``)
+    imports, read statically: the same answer in every process."""
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                out.update(".".join(parts[: i + 1]) for i in range(len(parts)))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")
+                base_pkg = ".".join(up[: len(up) - node.level + 1])
+                base = f"{base_pkg}.{base}" if base else base_pkg
+            out.add(base)
+            out.update(f"{base}.{alias.name}" for alias in node.names)
+    return out
+
+
+def pass_sources(cls: type) -> dict[str, str]:
+    """The modules a pass class can depend on, by name, with the BLAKE3 of
+    their source: the class's module and, transitively, every module its
+    source imports that belongs to the same top-level package or is not an
+    installed library (those are keyed by their versions)."""
+    root = cls.__module__
+    root_file = _source_of(root)
+    if root_file is None:
+        raise ConfigError(
+            "post_grad_passes",
+            f"cannot read the source of pass class {cls.__qualname__} to build its uuid; "
+            "define it in a file, or override uuid() to return a string that changes "
+            "whenever its behaviour does",
+        )
+    top = root.split(".")[0]
+    files: dict[str, str] = {}
+    queue = [root]
+    while queue and len(files) < _MAX_MODULES:
+        name = queue.pop()
+        path = _source_of(name) if name not in files else None
+        if path is None:
+            continue
+        if name != root and name.split(".")[0] != top and _is_library(path):
+            continue
+        files[name] = path
+        if path.endswith(".py"):
+            queue.extend(sorted(_imports(name, path) - set(files)))
+    report = hash_files_report(sorted(files.values()))
+    digest = {f.path: f.digest for f in report.files}
+    return {name: digest.get(path) or "unreadable" for name, path in sorted(files.items())}
 
 
 class InductorPass(ABC):
@@ -66,11 +140,13 @@ class InductorPass(ABC):
         return None
 
     def uuid(self) -> str:
-        """Changes whenever the pass's source or options do."""
+        """Changes whenever the pass's options or the source of anything it
+        can depend on do: its module and the project modules it uses
+        (:func:`pass_sources`). Override it for a pass defined without a file."""
         return hash_factors(
             {
                 "class": f"{type(self).__module__}.{type(self).__qualname__}",
-                "source": _class_source(type(self)),
+                "sources": pass_sources(type(self)),
                 "options": self.options(),
             }
         )

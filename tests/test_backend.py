@@ -34,8 +34,8 @@ from conftest import (
 )
 
 import fxpiece
-from fxpiece.cache.keys import KERNELS_KEY
 from fxpiece import CacheIndex, CompileConfig, ConfigError, Range, SizeOutOfRangeError
+from fxpiece.cache.keys import KERNELS_KEY
 from fxpiece.toy_llama import ATTENTION_OP
 
 ATT = ATTENTION_OP

@@ -9,4 +9,11 @@ from fxpiece.cache.admin.scan import (
     verify_cache,
 )
 
-__all__ = ["ArchiveError", "list_cache", "pack_cache", "prune_cache", "unpack_cache", "verify_cache"]
+__all__ = [
+    "ArchiveError",
+    "list_cache",
+    "pack_cache",
+    "prune_cache",
+    "unpack_cache",
+    "verify_cache",
+]

@@ -136,15 +136,21 @@ class ArtifactStore:
                 quarantine(path)
             return None
 
+    def existing(self, digest: str) -> dict[str, Any] | None:
+        """The handle of the valid artifact stored under ``digest`` (by any
+        model, any process), or ``None``."""
+        have = self.read(digest)
+        return None if have is None else self._handle(digest, have[1], len(have[0]))
+
     def put(self, digest: str, payload: bytes) -> dict[str, Any]:
         """Store ``payload`` under ``digest`` unless a valid artifact is
         already there (then that one is kept), and return the handle of what
         is stored. Written temp + fsync + link (never replacing a file)."""
         if self.readonly:
             raise CacheError(errno.EROFS, "the cache is read-only", str(self.root))
-        have = self.read(digest)
+        have = self.existing(digest)
         if have is not None:
-            return self._handle(digest, have[1], len(have[0]))
+            return have
         path = self.layout.artifact_path(digest)
         folder = ensure_private_dir(path.parent)
         tmp = folder / f".tmp-{os.getpid()}-{secrets.token_hex(6)}"

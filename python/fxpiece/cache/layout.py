@@ -126,6 +126,11 @@ class CacheLayout:
         return model_dir / "index"
 
     @staticmethod
+    def is_index_file(name: str) -> bool:
+        """A data file of an index folder (``log-*.json``, ``snap-*.json``)."""
+        return name.startswith(("log-", "snap-")) and name.endswith(".json")
+
+    @staticmethod
     def factors_file(model_dir: Path) -> Path:
         return model_dir / FACTORS_FILE
 

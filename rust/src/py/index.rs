@@ -15,6 +15,10 @@ use crate::fsutil::DEFAULT_MAX_FILE_BYTES;
 use crate::index::{self, Index, Key, Options, Problem, ProblemKind};
 use crate::proc;
 
+// The literal default of `max_file_bytes` below (a literal, so Python's
+// `inspect.signature` shows it) is the core's.
+const _: () = assert!(DEFAULT_MAX_FILE_BYTES == 268_435_456);
+
 /// A finite, non-negative number of seconds.
 fn seconds(what: &str, t: f64) -> PyResult<Duration> {
     if !(t >= 0.0 && t.is_finite()) {
@@ -93,7 +97,7 @@ impl PyCacheIndex {
         compact_after=64,
         fsync=true,
         readonly=false,
-        max_file_bytes=DEFAULT_MAX_FILE_BYTES,
+        max_file_bytes=268_435_456,
         max_clock_skew=3600.0,
     ))]
     #[allow(clippy::too_many_arguments)]

@@ -55,7 +55,15 @@ def _unshare_works() -> str | None:
     if not shutil.which("unshare"):
         return "no unshare(1) on this machine"
     proc = subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", "import os; print(os.getpid())"],
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            sys.executable,
+            "-c",
+            "import os; print(os.getpid())",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -111,7 +119,9 @@ def test_writers_in_two_pid_namespaces_with_one_host_name(tmp_path) -> None:  # 
                 p.kill()
                 p.wait()
     for name, r in results.items():
-        assert r["n_failures"] == 0, f"{name}: {r['n_failures']} of {N} commits failed: {r['failures']}"
+        assert r["n_failures"] == 0, (
+            f"{name}: {r['n_failures']} of {N} commits failed: {r['failures']}"
+        )
         assert r["ok"] == N
     idx = CacheIndex(path)
     for wid in ("inner", "outer"):

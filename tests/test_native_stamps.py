@@ -41,9 +41,7 @@ def craft(
         '{"kind":"log","stamps":'
         + json.dumps([stamp])
         + ',"entries":['
-        + ",".join(
-            f"[{k[0]},{k[1]},{k[2]},{json.dumps(k[3])},{raw},0]" for k, raw in entries
-        )
+        + ",".join(f"[{k[0]},{k[1]},{k[2]},{json.dumps(k[3])},{raw},0]" for k, raw in entries)
         + '],"removed":'
         + json.dumps([[*k, 0] for k in removed])
         + "}"

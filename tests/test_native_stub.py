@@ -18,9 +18,7 @@ from fxpiece import _native as native
 
 STUB = pathlib.Path(fxpiece.__file__).with_name("_native.pyi")
 TREE = ast.parse(STUB.read_text())
-TOP = {
-    n.name: n for n in TREE.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
-}
+TOP = {n.name: n for n in TREE.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
 CLASS = TOP["CacheIndex"]
 assert isinstance(CLASS, ast.ClassDef)
 METHODS = {n.name: n for n in CLASS.body if isinstance(n, ast.FunctionDef)}
@@ -31,9 +29,11 @@ def _stub_params(fn: ast.FunctionDef, drop_self: bool) -> list[tuple[str, str, A
     out: list[tuple[str, str, Any]] = []
     positional = a.posonlyargs + a.args
     defaults: list[Any] = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
-    for arg, d in zip(positional, defaults):
-        out.append((arg.arg, "positional", ast.literal_eval(d) if d is not None else inspect._empty))
-    for arg, d in zip(a.kwonlyargs, a.kw_defaults):
+    for arg, d in zip(positional, defaults, strict=True):
+        out.append(
+            (arg.arg, "positional", ast.literal_eval(d) if d is not None else inspect._empty)
+        )
+    for arg, d in zip(a.kwonlyargs, a.kw_defaults, strict=True):
         out.append((arg.arg, "keyword", ast.literal_eval(d) if d is not None else inspect._empty))
     return out[1:] if drop_self else out
 
@@ -64,7 +64,9 @@ def test_module_names_match() -> None:
     assert stub_names == runtime
 
 
-@pytest.mark.parametrize("name", sorted(n for n, v in TOP.items() if isinstance(v, ast.FunctionDef)))
+@pytest.mark.parametrize(
+    "name", sorted(n for n, v in TOP.items() if isinstance(v, ast.FunctionDef))
+)
 def test_function_signatures_match(name: str) -> None:
     fn = TOP[name]
     assert isinstance(fn, ast.FunctionDef)

@@ -23,11 +23,11 @@ import errno
 import os
 import re
 import secrets
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fxpiece import _native
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.safeio import read_regular
 from fxpiece.cache.trust import check_stat, check_trusted, ensure_private_dir
@@ -73,19 +73,11 @@ def parse_artifact(data: bytes, where: str) -> tuple[bytes, str]:
 
 
 def quarantine(path: Path) -> Path | None:
-    """Move a bad file aside (``<name>.corrupt-<unix time>``), never deleting
-    it, not even an earlier quarantined copy; ``None`` if it cannot be moved."""
-    stamp = int(time.time())
-    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
-    n = 1
-    while aside.exists() or aside.is_symlink():
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}.{n}")
-        n += 1
-    try:
-        os.rename(path, aside)
-    except OSError:
-        return None
-    return aside
+    """Move a bad file aside (``<name>.corrupt-<unix time>[.<n>]``), never
+    deleting it nor replacing an earlier quarantined copy (the native core's
+    no-replace rename: the one implementation); ``None`` if it cannot be moved."""
+    aside = _native.quarantine(path)
+    return None if aside is None else Path(aside)
 
 
 def _fsync_dir(folder: Path) -> None:

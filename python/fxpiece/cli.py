@@ -7,7 +7,7 @@
     fxpiece cache explain A B [--root ROOT]       which factors differ between two keys/folders
     fxpiece cache verify [ROOT] [--repair]        check indexes and artifact checksums
     fxpiece cache prune [ROOT] --max-size 10G | --older-than 7d [--dry-run]
-    fxpiece cache pack ROOT -o FILE [--include-inductor]
+    fxpiece cache pack ROOT -o FILE
     fxpiece cache unpack FILE ROOT
 
 ``ROOT`` defaults to the configured cache (``FXPIECE_CACHE_ROOT``, else
@@ -167,8 +167,7 @@ def _cmd_ls(a: argparse.Namespace) -> int:
     now = time.time()
     print(
         f"cache {listing.root}: {len(listing.models)} model folder(s), "
-        f"{len(listing.artifacts)} artifact(s) ({format_bytes(listing.total_artifact_bytes)}), "
-        f"inductor/ {format_bytes(listing.inductor_bytes)}"
+        f"{len(listing.artifacts)} artifact(s) ({format_bytes(listing.total_artifact_bytes)})"
     )
     if listing.models:
         rows = [
@@ -320,7 +319,7 @@ def _cmd_prune(a: argparse.Namespace) -> int:
 def _cmd_pack(a: argparse.Namespace) -> int:
     from fxpiece.cache.admin import pack_cache
 
-    res = pack_cache(Path(a.root).expanduser(), Path(a.output), include_inductor=a.include_inductor)
+    res = pack_cache(Path(a.root).expanduser(), Path(a.output))
     if a.json:
         _emit_json(res.as_dict())
         return 0
@@ -409,9 +408,6 @@ def _parser() -> argparse.ArgumentParser:
     p = add("pack", "write the cache into one archive with a checksummed manifest", _cmd_pack)
     p.add_argument("root", metavar="ROOT", help="the cache root to pack")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help=".tar, .tar.gz, .tgz...")
-    p.add_argument(
-        "--include-inductor", action="store_true", help="also pack inductor/ (Inductor's cache)"
-    )
 
     p = add("unpack", "verify an archive and unpack it into a cache root", _cmd_unpack)
     p.add_argument("file", metavar="FILE", help="an archive written by `fxpiece cache pack`")

@@ -9,7 +9,9 @@
         cache_key_factors.json            the factors behind <key>
         computation_graph.py              the split graph, readable
       locks/<digest>.lease                single-flight compile leases
-      inductor/                           Inductor's own cache (kernels, ISA checks)
+
+Inductor never works under the root: it gets a private temporary folder per
+backend, and its kernels are stored as a verified artifact (the kernel bundle).
 
 Index values and handles hold paths relative to ``<root>`` (``artifacts/..``),
 so a cache folder can be moved or copied.
@@ -80,10 +82,6 @@ class CacheLayout:
     @property
     def locks_dir(self) -> Path:
         return self.root / "locks"
-
-    @property
-    def inductor_dir(self) -> Path:
-        return self.root / "inductor"
 
     # -- artifacts ---------------------------------------------------------
     @staticmethod

@@ -195,12 +195,12 @@ def _write_tar(root: Path, out: Path, body: bytes, files: list[dict[str, Any]]) 
 def pack_cache(
     root: str | os.PathLike[str],
     out_file: str | os.PathLike[str],
-    include_inductor: bool = False,
 ) -> PackResult:
-    """Write the cache (``artifacts/``, ``models/``; ``inductor/`` too with
-    ``include_inductor``) into one tar archive, gzip/bz2/xz by suffix
-    (``.tar.gz``, ``.tgz``...), led by ``manifest.json`` (format version,
-    every file's relative path, size and BLAKE3).
+    """Write the cache (``artifacts/``, ``models/``: compiled pieces and
+    their kernel bundles, so a new machine rebuilds nothing) into one tar
+    archive, gzip/bz2/xz by suffix (``.tar.gz``, ``.tgz``...), led by
+    ``manifest.json`` (format version, every file's relative path, size and
+    BLAKE3).
 
     Paths are relative; symlinks are never followed (they are left out and
     listed in ``skipped``); locks, leases, temp and quarantined files are
@@ -213,10 +213,10 @@ def pack_cache(
         raise CacheError(errno.ENOENT, f"no fxpiece cache at {layout.root}", str(layout.root))
     _check_target(layout.root, out)
     skipped: list[str] = []
-    rels = _pack_files(layout, archive_tops(layout, include_inductor), skipped)
+    rels = _pack_files(layout, archive_tops(layout), skipped)
     files = _manifest_files(layout.root, rels, skipped)
     out.parent.mkdir(parents=True, exist_ok=True)
-    _write_tar(layout.root, out, make_manifest(files, include_inductor), files)
+    _write_tar(layout.root, out, make_manifest(files), files)
     return PackResult(
         archive=out,
         files=len(files),
@@ -324,7 +324,7 @@ def unpack_cache(archive: str | os.PathLike[str], root: str | os.PathLike[str]) 
 
     Every member is checked before anything is written: it must be a regular
     file (no links or devices) with a safe relative path under
-    ``artifacts/``, ``models/`` or ``inductor/`` (no absolute paths, no
+    ``artifacts/`` or ``models/`` (no absolute paths, no
     ``..``), listed in the manifest with its size; a refused archive raises
     :class:`ArchiveError`. The files are then extracted into a private
     staging folder inside ``root`` and their BLAKE3 checked against the

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,7 +126,6 @@ class CacheListing:
     """Bad artifacts moved aside (``*.corrupt-<time>``); kept for inspection."""
     temps: tuple[ArtifactFile, ...]
     """Artifacts being written (``.tmp-*``)."""
-    inductor_bytes: int
     problems: tuple[str, ...] = ()
 
     @property
@@ -143,7 +141,6 @@ class CacheListing:
             "orphans": [a.as_dict() for a in self.orphans],
             "quarantined": [a.as_dict() for a in self.quarantined],
             "temps": [a.as_dict() for a in self.temps],
-            "inductor_bytes": self.inductor_bytes,
             "problems": list(self.problems),
         }
 
@@ -204,19 +201,6 @@ def _model_info(scan: Scan, m: ModelScan) -> ModelInfo:
     )
 
 
-def _dir_bytes(path: Path) -> int:
-    st = lstat(path)
-    if st is None or not stat.S_ISDIR(st.st_mode):
-        return 0
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for name in files:
-            f = lstat(os.path.join(dirpath, name))
-            if f is not None and stat.S_ISREG(f.st_mode):
-                total += f.st_size
-    return total
-
-
 def list_cache(root: str | os.PathLike[str]) -> CacheListing:
     """Every model folder (key, tag, entries, pieces, ranges, compilers,
     bytes of the artifacts it references, last use), the artifacts, the
@@ -236,6 +220,5 @@ def list_cache(root: str | os.PathLike[str]) -> CacheListing:
         orphans=tuple(a for rel, a in live if rel not in scan.refs),
         quarantined=tuple(scan.quarantined),
         temps=tuple(scan.temps),
-        inductor_bytes=_dir_bytes(scan.layout.inductor_dir),
         problems=(*scan.problems, *hostile),
     )

@@ -45,11 +45,10 @@ def refuse(archive: Path, why: str) -> ArchiveError:
     )
 
 
-def archive_tops(layout: CacheLayout, include_inductor: bool = True) -> tuple[Path, ...]:
-    """The folders of a cache that an archive may hold (``artifacts/``,
-    ``models/``, and ``inductor/`` if asked)."""
-    tops = (layout.artifacts_dir, layout.models_dir)
-    return (*tops, layout.inductor_dir) if include_inductor else tops
+def archive_tops(layout: CacheLayout) -> tuple[Path, ...]:
+    """The folders of a cache that an archive holds (``artifacts/``,
+    ``models/``; Inductor's kernels travel inside the artifacts)."""
+    return (layout.artifacts_dir, layout.models_dir)
 
 
 def unpack_path_ok(name: str) -> bool:
@@ -74,13 +73,12 @@ def _version() -> str:
         return "unknown"
 
 
-def make_manifest(files: list[dict[str, Any]], include_inductor: bool) -> bytes:
+def make_manifest(files: list[dict[str, Any]]) -> bytes:
     manifest = {
         "format": PACK_FORMAT,
         "version": PACK_VERSION,
         "created": time.time(),
         "fxpiece": _version(),
-        "include_inductor": include_inductor,
         "files": files,
     }
     return json.dumps(manifest, indent=1, sort_keys=True).encode()

@@ -123,7 +123,7 @@ def read_lease(path: str) -> LeaseInfo | None:
         host, ns, pid, token = d["host"], d.get("ns", ""), d["pid"], d["token"]
         if not (isinstance(host, str) and isinstance(ns, str) and isinstance(token, str)):
             raise TypeError
-        if isinstance(pid, bool) or not isinstance(pid, int) or not token:
+        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < 2**31 or not token:
             raise TypeError
         return LeaseInfo(host, ns, pid, token, age)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):

@@ -5,7 +5,6 @@ defaults), the same exception hierarchy, and the documented return types."""
 from __future__ import annotations
 
 import ast
-import builtins
 import inspect
 import pathlib
 import types

@@ -673,13 +673,18 @@ def test_one_graph_for_every_token_count_eager(mode: str, first: int) -> None:
 @pytest.mark.compat
 @pytest.mark.parametrize("mode", ["unbacked", "backed"])
 def test_token_counts_0_and_1_with_inductor(mode: str) -> None:
-    """Unbacked: one graph. Backed: Inductor guards the token count against
-    1 when it broadcasts, so 1 gets a graph of its own, served by the same
-    artifacts (no extra Inductor compile); 0 shares the other graph."""
+    """Unbacked: one graph. Backed: one graph too, except where Inductor
+    guards the token count against 1 on every broadcast (torch 2.9): there 1
+    gets a graph of its own, served by the same artifacts (no extra Inductor
+    compile), and 0 shares the other graph."""
     cm, diff = _token_run(_token_config(compiler="inductor", dynamic=mode), TOKEN_SIZES)
-    graphs = 1 if mode == "unbacked" else 2
+    own_graph_for_1 = mode == "backed" and _torch_compat.inductor_guards_size_one()
+    graphs = 2 if own_graph_for_1 else 1
     assert_counts(diff, num_graphs_seen=graphs, num_inductor_compiles=2, num_uncompiled_runs=1)
     assert len(cm.stats.graphs) == graphs
+    if own_graph_for_1:  # graph 0 served 3 (the first call), graph 1 served 1
+        assert [r.chosen.get(1) for r in cm.stats.graphs[1].runners] == [Range(1, 8)]
+        assert [r.chosen.get(3) for r in cm.stats.graphs[1].runners] == [None]
 
 
 # -- eager cache: warm start and key truth -------------------------------------------

@@ -32,6 +32,7 @@ __all__ = [
     "inductor_cache_dir",
     "inductor_config_patch",
     "inductor_config_portable",
+    "inductor_guards_size_one",
     "inductor_option_names",
     "load_standalone_bytes",
     "mark_token_dim",
@@ -324,13 +325,32 @@ def mark_token_dim(t: torch.Tensor, dim: int, mode: str = "auto") -> None:
     - ``"backed"``: ``mark_dynamic``; Dynamo would specialise sizes 0 and 1
       (each its own graph), unless the call runs under
       :func:`token_dims_context` (``backed_size_oblivious``), which
-      :class:`fxpiece.api.CompiledModel` does."""
+      :class:`fxpiece.api.CompiledModel` does; Inductor may still guard the
+      size against 1 (:func:`inductor_guards_size_one`)."""
     if resolve_dynamic(mode) == "unbacked":
         from torch._dynamo.decorators import mark_unbacked
 
         mark_unbacked(t, dim)
     else:
         torch._dynamo.mark_dynamic(t, dim)
+
+
+def inductor_guards_size_one() -> bool:
+    """Whether Inductor guards a backed size against 1 on every broadcast,
+    equal shapes included (``broadcast_symbolic_shapes`` without the
+    equal-shapes shortcut: torch 2.9.1; not 2.13.0 nor 2.15.0). Then, with
+    backed token dims, a token count of 1 always gets a Dynamo graph of its
+    own (the guard's value is the first call's size). Newer releases guard
+    only when a broadcast really mixes the token dim with a size-1 dim."""
+    import inspect
+
+    from torch._inductor import lowering
+
+    try:
+        src = inspect.getsource(lowering.broadcast_symbolic_shapes)
+    except (OSError, TypeError):  # pragma: no cover - no source shipped
+        return True
+    return "a == b" not in src
 
 
 @contextlib.contextmanager

@@ -366,7 +366,8 @@ def token_dims_context(mode: str = "auto") -> Iterator[None]:
         return
     from torch.fx.experimental import _config as fx_config
 
-    with fx_config.patch(backed_size_oblivious=True):
+    # ``patch`` is installed at import by ``install_config_module`` (untyped).
+    with fx_config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]
         yield
 
 

@@ -90,7 +90,9 @@ def test_readonly_mount_loads_hits_and_compiles_misses_in_memory(built: tuple[Pa
     hit = _run(script, cache, 1, {"cache_readonly": True}, readonly_mount=True)
     assert hit["ok"] and hit["num_inductor_compiles"] == 0 and hit["num_cache_hits"] == 2
     miss = _run(script, cache, 2, {"cache_readonly": True}, readonly_mount=True)
-    assert miss["ok"] and miss["num_inductor_compiles"] == 3
+    # A new key; its first and last pieces are the 1-layer model's (same
+    # digest, loaded from its artifacts); only the middle one compiles.
+    assert miss["ok"] and miss["num_inductor_compiles"] == 1 and miss["num_cache_hits"] == 2
     assert miss["num_compiled_artifacts_saved"] == 0 and miss["num_cache_entries_updated"] == 0
     assert _files(cache) == before, "nothing written, touched or removed"
 
@@ -101,14 +103,11 @@ def test_readonly_flag_writes_nothing(built: tuple[Path, Path], tmp_path: Path) 
     shutil.copytree(cache, copy)
     before = _files(copy)
     miss = _run(script, copy, 2, {"cache_readonly": True})
-    assert miss["ok"] and miss["num_inductor_compiles"] == 3
-    after = _files(copy)
-
-    # Only Inductor's own kernel cache may grow (it is writable here).
-    def ours(files: dict[str, float]) -> dict[str, float]:
-        return {k: v for k, v in files.items() if not k.startswith(str(copy / "inductor"))}
-
-    assert ours(after) == ours(before)
+    assert miss["ok"] and miss["num_inductor_compiles"] == 1 and miss["num_cache_hits"] == 2
+    # Nothing at all is written, touched or moved under the root, though it
+    # is writable: Inductor works in a private temporary folder.
+    assert _files(copy) == before
+    assert not (copy / "inductor").exists()
 
 
 def test_require_cache_hit_names_the_differing_factor(built: tuple[Path, Path]) -> None:

@@ -7,7 +7,7 @@
     fxpiece cache explain A B [--root ROOT]       which factors differ between two keys/folders
     fxpiece cache verify [ROOT] [--repair]        check indexes and artifact checksums
     fxpiece cache prune [ROOT] --max-size 10G | --older-than 7d [--dry-run]
-    fxpiece cache pack ROOT -o FILE [--include-inductor]
+    fxpiece cache pack ROOT -o FILE
     fxpiece cache unpack FILE ROOT
 
 ``ROOT`` defaults to the configured cache (``FXPIECE_CACHE_ROOT``, else
@@ -20,18 +20,32 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["format_bytes", "main", "parse_age", "parse_size"]
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
-_AGE_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE | re.ASCII)
+_AGE_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])", re.ASCII)
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_MAX_SIZE = 1 << 63
+"""Sizes must be below 8 EiB (what a file size can be)."""
+_MAX_AGE = 1000 * 365.25 * 86400
+"""Ages must be at most 1000 years."""
+
+
+class BadValue(argparse.ArgumentTypeError, ValueError):
+    """An option value that does not parse: a ``ValueError`` whose message
+    argparse shows as is."""
+
+
+def _shown(text: str, width: int = 32) -> str:
+    return repr(text if len(text) <= width else text[: width - 3] + "...")
 
 
 def parse_size(text: str) -> int:
@@ -40,14 +54,20 @@ def parse_size(text: str) -> int:
 
     >>> parse_size("10G"), parse_size("500M"), parse_size("1024"), parse_size("1.5k")
     (10737418240, 524288000, 1024, 1536)
+
+    Raises :class:`BadValue` (a ``ValueError``) for anything else, and for
+    sizes of 8 EiB or more.
     """
     m = _SIZE.match(text)
     if not m:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size; use bytes or a number with K, M, G, T (e.g. 10G, 500M)"
+        raise BadValue(
+            f"{_shown(text)} is not a size; use bytes or a number with K, M, G, T (e.g. 10G, 500M)"
         )
     power = "kmgtp".find(m.group(2).lower()) + 1 if m.group(2) else 0
-    return int(float(m.group(1)) * 1024**power)
+    value = float(m.group(1)) * 1024**power
+    if not math.isfinite(value) or value >= _MAX_SIZE:
+        raise BadValue(f"{_shown(text)} is too large a size; the limit is 8 EiB")
+    return int(value)
 
 
 def parse_age(text: str) -> float:
@@ -55,13 +75,19 @@ def parse_age(text: str) -> float:
 
     >>> parse_age("7d"), parse_age("12h"), parse_age("30m"), parse_age("1h30m")
     (604800.0, 43200.0, 1800.0, 5400.0)
+
+    Raises :class:`BadValue` (a ``ValueError``) for anything else, and for
+    ages over 1000 years.
     """
     t = text.strip().lower()
     if not t or _AGE_PART.sub("", t) != "":
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not an age; use a number with a unit s, m, h, d or w (e.g. 7d, 12h)"
+        raise BadValue(
+            f"{_shown(text)} is not an age; use a number with a unit s, m, h, d or w (e.g. 7d, 12h)"
         )
-    return float(sum(float(n) * _AGE_UNITS[u] for n, u in _AGE_PART.findall(t)))
+    value = float(sum(float(n) * _AGE_UNITS[u] for n, u in _AGE_PART.findall(t)))
+    if not math.isfinite(value) or value > _MAX_AGE:
+        raise BadValue(f"{_shown(text)} is too long an age; the limit is 1000 years")
+    return value
 
 
 def format_bytes(n: int | None) -> str:
@@ -115,9 +141,9 @@ def _short_path(path: str, keep: int = 12) -> str:
 
 
 def _default_root() -> Path:
-    from fxpiece.config import CompileConfig
+    from fxpiece.config import default_cache_root  # torch-free, unlike CompileConfig
 
-    return CompileConfig.from_env().resolved_cache_dir()
+    return default_cache_root()
 
 
 def _root(arg: str | None) -> Path:
@@ -141,8 +167,7 @@ def _cmd_ls(a: argparse.Namespace) -> int:
     now = time.time()
     print(
         f"cache {listing.root}: {len(listing.models)} model folder(s), "
-        f"{len(listing.artifacts)} artifact(s) ({format_bytes(listing.total_artifact_bytes)}), "
-        f"inductor/ {format_bytes(listing.inductor_bytes)}"
+        f"{len(listing.artifacts)} artifact(s) ({format_bytes(listing.total_artifact_bytes)})"
     )
     if listing.models:
         rows = [
@@ -186,7 +211,8 @@ def _cmd_ls(a: argparse.Namespace) -> int:
 
 
 def _cmd_explain(a: argparse.Namespace) -> int:
-    from fxpiece.cache.explain import diff_factors, factors_key, load_factors, resolve_model_folder
+    from fxpiece.cache.explain import diff_factors, load_factors, resolve_model_folder
+    from fxpiece.cache.keys import factors_key
 
     root = _root(a.root) if a.root or not (Path(a.a).exists() and Path(a.b).exists()) else None
     folders = [resolve_model_folder(x, root) for x in (a.a, a.b)]
@@ -220,9 +246,11 @@ def _cmd_verify(a: argparse.Namespace) -> int:
         _emit_json(report.as_dict())
         return 0 if report.ok else 1
     files = sum(i.good_files + len(i.problems) for i in report.indexes)
+    n_bundles = report.kernel_bundles_checked
+    bundles = f" + {n_bundles} kernel bundle(s)" if n_bundles else ""
     print(
         f"verified {report.root}: {len(report.indexes)} index(es) ({files} files), "
-        f"{report.artifacts_checked} artifact(s) ({format_bytes(report.artifact_bytes)})"
+        f"{report.artifacts_checked} artifact(s){bundles} ({format_bytes(report.artifact_bytes)})"
     )
     for ix in report.indexes:
         for p in ix.problems:
@@ -291,7 +319,7 @@ def _cmd_prune(a: argparse.Namespace) -> int:
 def _cmd_pack(a: argparse.Namespace) -> int:
     from fxpiece.cache.admin import pack_cache
 
-    res = pack_cache(Path(a.root).expanduser(), Path(a.output), include_inductor=a.include_inductor)
+    res = pack_cache(Path(a.root).expanduser(), Path(a.output))
     if a.json:
         _emit_json(res.as_dict())
         return 0
@@ -321,8 +349,15 @@ def _cmd_unpack(a: argparse.Namespace) -> int:
 # -- parser -----------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line on stderr (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fxpiece",
         description="fxpiece: a piecewise torch.compile backend and its compile cache",
     )
@@ -373,9 +408,6 @@ def _parser() -> argparse.ArgumentParser:
     p = add("pack", "write the cache into one archive with a checksummed manifest", _cmd_pack)
     p.add_argument("root", metavar="ROOT", help="the cache root to pack")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help=".tar, .tar.gz, .tgz...")
-    p.add_argument(
-        "--include-inductor", action="store_true", help="also pack inductor/ (Inductor's cache)"
-    )
 
     p = add("unpack", "verify an archive and unpack it into a cache root", _cmd_unpack)
     p.add_argument("file", metavar="FILE", help="an archive written by `fxpiece cache pack`")
@@ -407,11 +439,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = parser.parse_args(argv)
     if getattr(a, "cache_command", None) == "prune" and a.max_size is a.older_than is None:
         a.parser.error("give --max-size SIZE or --older-than AGE (or both)")
-    from fxpiece.errors import ConfigError
+    from fxpiece.errors import FxpieceError
 
     try:
         code: int = a.func(a)
-    except (OSError, ConfigError) as e:
+    except (OSError, FxpieceError) as e:
         print(f"fxpiece: error: {_message(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

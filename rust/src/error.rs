@@ -20,6 +20,17 @@ pub enum Error {
     Corrupt { path: PathBuf, reason: String },
     /// A lock that could not be taken in time.
     LockTimeout { path: PathBuf, waited_secs: f64 },
+    /// A path that is not what the cache needs there (a FIFO, device, socket,
+    /// folder or symlink where a regular file must be, a file over the size
+    /// cap, a symlink where a folder must be): refused without reading or
+    /// following it. `errno` says which (`ELOOP` symlink, `EISDIR` folder,
+    /// `EFBIG` too large, `ENXIO` FIFO, socket or device, `ENOTDIR` not a
+    /// folder).
+    Refused {
+        path: PathBuf,
+        reason: String,
+        errno: i32,
+    },
     /// A value that cannot be hashed or stored; `at` is the path inside it.
     Unsupported { at: String, what: String },
 }
@@ -42,25 +53,38 @@ impl Error {
         }
     }
 
+    pub fn refused(path: &Path, errno: i32, reason: impl Into<String>) -> Self {
+        Error::Refused {
+            path: path.to_path_buf(),
+            reason: reason.into(),
+            errno,
+        }
+    }
+
     /// The OS errno, when there is one.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
             Error::Io { source, .. } => source.raw_os_error(),
+            Error::Refused { errno, .. } => Some(*errno),
             _ => None,
         }
     }
 
     pub fn path(&self) -> Option<&Path> {
         match self {
-            Error::Io { path, .. } | Error::Corrupt { path, .. } | Error::LockTimeout { path, .. } => {
-                Some(path)
-            }
+            Error::Io { path, .. }
+            | Error::Corrupt { path, .. }
+            | Error::LockTimeout { path, .. }
+            | Error::Refused { path, .. } => Some(path),
             Error::Unsupported { .. } => None,
         }
     }
 
     /// A hint for the user on how to fix the problem, if one applies.
     pub fn hint(&self) -> Option<&'static str> {
+        if matches!(self, Error::Refused { .. }) {
+            return None;
+        }
         match self.raw_os_error() {
             Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => Some(
                 "the cache folder is not writable: point cache_dir (FXPIECE_CACHE_ROOT) at a writable folder or use read-only mode",
@@ -91,6 +115,7 @@ impl fmt::Display for Error {
                 "timed out after {waited_secs:.1}s waiting for lock {}; if no process holds it, it is freed when its holder exits",
                 path.display()
             ),
+            Error::Refused { path, reason, .. } => write!(f, "refusing {}: {reason}", path.display()),
             Error::Unsupported { at, what } => write!(f, "unsupported value at {at}: {what}"),
         }
     }

@@ -180,7 +180,8 @@ class FactorDiff:
         ):
             parts.extend(_summarize(noun, changes))
         if self.graph is not None:
-            parts.append(f"graph: {self.graph.describe(40)} (the Dynamo graph or its inputs)")
+            # describe() is "graph: <old> -> <new>" already.
+            parts.append(f"{self.graph.describe(40)} (the Dynamo graph or its inputs)")
         if self.files:
             parts.append(_summarize_files(self.files))
         for noun, changes in (

@@ -9,7 +9,9 @@
         cache_key_factors.json            the factors behind <key>
         computation_graph.py              the split graph, readable
       locks/<digest>.lease                single-flight compile leases
-      inductor/                           Inductor's own cache (kernels, ISA checks)
+
+Inductor never works under the root: it gets a private temporary folder per
+backend, and its kernels are stored as a verified artifact (the kernel bundle).
 
 Index values and handles hold paths relative to ``<root>`` (``artifacts/..``),
 so a cache folder can be moved or copied.
@@ -81,10 +83,6 @@ class CacheLayout:
     def locks_dir(self) -> Path:
         return self.root / "locks"
 
-    @property
-    def inductor_dir(self) -> Path:
-        return self.root / "inductor"
-
     # -- artifacts ---------------------------------------------------------
     @staticmethod
     def artifact_rel(digest: str) -> str:
@@ -124,6 +122,11 @@ class CacheLayout:
     @staticmethod
     def index_dir(model_dir: Path) -> Path:
         return model_dir / "index"
+
+    @staticmethod
+    def is_index_file(name: str) -> bool:
+        """A data file of an index folder (``log-*.json``, ``snap-*.json``)."""
+        return name.startswith(("log-", "snap-")) and name.endswith(".json")
 
     @staticmethod
     def factors_file(model_dir: Path) -> Path:

@@ -31,13 +31,13 @@ import functools
 import json
 import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from fxpiece import _native
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.safeio import read_regular
 from fxpiece.errors import CacheError
@@ -58,12 +58,11 @@ DEFAULT_LEASE_TTL = 30.0
 """Seconds a lease may go unrenewed before others may take it over."""
 LEASE_LIMIT = 4096
 """A lease file is a small JSON object; anything bigger is not a lease."""
-_MAX_PID = 1 << 22  # Linux pid_max upper bound
 T = TypeVar("T")
 
 
-def this_host() -> str:
-    return socket.gethostname() or "unknown"
+this_host = _native.this_host
+"""This host's name (the native core's, as in index temp-file names)."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -82,17 +81,8 @@ def namespace_id() -> str:
     return f"{boot}:{ns}"
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process here (``False`` for nonsense pids)."""
-    if not 0 < pid < _MAX_PID:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+pid_alive = _native.pid_alive
+"""Whether a pid is a live process here (``False`` for nonsense pids)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +123,7 @@ def read_lease(path: str) -> LeaseInfo | None:
         host, ns, pid, token = d["host"], d.get("ns", ""), d["pid"], d["token"]
         if not (isinstance(host, str) and isinstance(ns, str) and isinstance(token, str)):
             raise TypeError
-        if isinstance(pid, bool) or not isinstance(pid, int) or not token:
+        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < 2**31 or not token:
             raise TypeError
         return LeaseInfo(host, ns, pid, token, age)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):

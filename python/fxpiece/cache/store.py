@@ -23,11 +23,11 @@ import errno
 import os
 import re
 import secrets
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fxpiece import _native
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.safeio import read_regular
 from fxpiece.cache.trust import check_stat, check_trusted, ensure_private_dir
@@ -73,19 +73,11 @@ def parse_artifact(data: bytes, where: str) -> tuple[bytes, str]:
 
 
 def quarantine(path: Path) -> Path | None:
-    """Move a bad file aside (``<name>.corrupt-<unix time>``), never deleting
-    it, not even an earlier quarantined copy; ``None`` if it cannot be moved."""
-    stamp = int(time.time())
-    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
-    n = 1
-    while aside.exists() or aside.is_symlink():
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}.{n}")
-        n += 1
-    try:
-        os.rename(path, aside)
-    except OSError:
-        return None
-    return aside
+    """Move a bad file aside (``<name>.corrupt-<unix time>[.<n>]``), never
+    deleting it nor replacing an earlier quarantined copy (the native core's
+    no-replace rename: the one implementation); ``None`` if it cannot be moved."""
+    aside = _native.quarantine(path)
+    return None if aside is None else Path(aside)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -136,15 +128,21 @@ class ArtifactStore:
                 quarantine(path)
             return None
 
+    def existing(self, digest: str) -> dict[str, Any] | None:
+        """The handle of the valid artifact stored under ``digest`` (by any
+        model, any process), or ``None``."""
+        have = self.read(digest)
+        return None if have is None else self._handle(digest, have[1], len(have[0]))
+
     def put(self, digest: str, payload: bytes) -> dict[str, Any]:
         """Store ``payload`` under ``digest`` unless a valid artifact is
         already there (then that one is kept), and return the handle of what
         is stored. Written temp + fsync + link (never replacing a file)."""
         if self.readonly:
             raise CacheError(errno.EROFS, "the cache is read-only", str(self.root))
-        have = self.read(digest)
+        have = self.existing(digest)
         if have is not None:
-            return self._handle(digest, have[1], len(have[0]))
+            return have
         path = self.layout.artifact_path(digest)
         folder = ensure_private_dir(path.parent)
         tmp = folder / f".tmp-{os.getpid()}-{secrets.token_hex(6)}"

@@ -36,6 +36,7 @@ __all__ = [
     "inductor_option_names",
     "load_standalone_bytes",
     "mark_token_dim",
+    "marked_dims",
     "resolve_dynamic",
     "standalone_bytes",
     "token_dims_context",
@@ -104,6 +105,23 @@ def traced_files() -> list[str]:
     if not codes:
         return []
     return sorted({c.co_filename for c in codes})
+
+
+def marked_dims(gm: torch.fx.GraphModule) -> list[tuple[int, int]]:
+    """``(graph input, dim)`` of every dim the user marked dynamic (backed
+    or unbacked) on the real tensors Dynamo traced, in input order."""
+    out: list[tuple[int, int]] = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        arg = node.meta.get("grapharg")
+        example = getattr(arg, "example", None) if arg is not None else None
+        if not isinstance(example, torch.Tensor) or isinstance(example, torch.nn.Parameter):
+            continue
+        dims: set[int] = set()
+        for attr in ("_dynamo_unbacked_indices", "_dynamo_dynamic_indices"):
+            dims |= set(getattr(example, attr, ()) or ())
+        out.extend((i, d) for d in sorted(dims))
+    return out
 
 
 def detect_fake_mode(inputs: Sequence[Any]) -> Any:

@@ -35,7 +35,7 @@ from fxpiece.counters import counters
 from fxpiece.errors import CacheError, CacheMissError, ConfigError, UntrustedCacheError
 from fxpiece.piecewise import _torch_compat
 from fxpiece.piecewise.compilers import make_compiler
-from fxpiece.piecewise.dispatch import PieceRunner
+from fxpiece.piecewise.dispatch import PieceRunner, token_symbol
 from fxpiece.piecewise.factors import make_key_factors
 from fxpiece.piecewise.interface import CompilerInterface
 from fxpiece.piecewise.kernels import KernelDir
@@ -171,6 +171,7 @@ class Backend:
         self.count("num_piecewise_capturable_graphs_seen", len(compiled_items))
 
         args_of = piece_inputs(split_gm, fake_args, fake_mode, {it.name for it in compiled_items})
+        sym = token_symbol(fake_args, _torch_compat.marked_dims(gm))
         factors = cache.factors if cache is not None else None
         gstats = GraphStats(
             cache_key=factors.key if factors else None,
@@ -182,6 +183,7 @@ class Backend:
             split_s=split_s,
             key_s=key_s,
             traced_files=len(factors.code["files"]) if factors else 0,
+            token_symbol=None if sym is None else str(sym),
             miss_explanation=cache.miss_explanation if cache is not None else None,
             cache_problem=problem,
         )
@@ -207,6 +209,7 @@ class Backend:
                 compiler_name=self.compiler.name,
                 inductor_options=self._inductor_options,
                 num_pieces=len(items),
+                sym=sym,
             )
             for it in compiled_items
         ]
@@ -217,8 +220,11 @@ class Backend:
             for plan in plans:
                 runner = self._build_piece(plan, mc)
                 gstats.runners.append(runner)
-                # Not a submodule assignment: the runner is not an nn.Module.
-                split_gm.__dict__[plan.item.name] = runner
+                gstats.pieces[plan.item.index].token_arg = (
+                    None if plan.token_arg is None else str(plan.token_arg)
+                )
+                # Not a submodule assignment: what is called is not an nn.Module.
+                split_gm.__dict__[plan.item.name] = runner.call
         if mc is not None and not mc.readonly:
             self._save_kernels(mc)
         gstats.compile_s = sum(p.compile_s for p in gstats.pieces)
@@ -364,7 +370,7 @@ class Backend:
             index=it.index,
             graph=it.graph,
             entries=built,
-            sym_index=plan.sym_index,
+            token_arg=plan.token_arg,
             strict=cfg.strict,
             counters=(counters, self.stats.counters),
         )
@@ -444,8 +450,13 @@ class Backend:
 
     def _load(self, w: Work, mc: ModelCache) -> Callable[..., Any] | None:
         value = mc.index.get(w.key)
+        shared = None
         if not isinstance(value, dict) or value.get("digest") != w.digest:
-            return None
+            # Another graph or model may have stored this very digest.
+            shared = mc.artifacts.existing(w.digest)
+            if shared is None:
+                return None
+            value = {"digest": w.digest, "handle": shared}
         t0 = time.perf_counter()
         try:
             fn = self.compiler.load(value.get("handle"), w.item.graph, w.args, w.entry, w.ctx)
@@ -471,6 +482,12 @@ class Backend:
         w.stats.load_s += time.perf_counter() - t0
         w.stats.loaded += 1
         self.count("num_cache_hits")
+        if shared is not None and not mc.readonly:
+            try:
+                mc.index.insert(w.key, value)
+                self.count("num_cache_entries_updated")
+            except CacheError as e:
+                _log.warning("fxpiece: could not record piece %d in the index: %s", w.item.index, e)
         return fn
 
     def compile_work(self, w: Work, mc: ModelCache | None) -> Callable[..., Any]:

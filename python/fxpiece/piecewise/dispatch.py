@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,14 +13,55 @@ from fxpiece.counters import Counters
 from fxpiece.errors import SizeOutOfRangeError
 from fxpiece.ranges import Range, choose_entry
 
-__all__ = ["PieceRunner", "concrete_inputs", "token_symbol_index"]
+__all__ = ["PieceRunner", "TokenArg", "concrete_inputs", "find_token_arg", "token_symbol"]
 
 
-def token_symbol_index(args: Sequence[Any]) -> int | None:
-    """Position of the first SymInt argument: its value is the token count."""
-    for i, a in enumerate(args):
+@dataclass(frozen=True, slots=True)
+class TokenArg:
+    """Where a piece's token count is at run time: argument ``index`` (a
+    SymInt), or dim ``dim`` of argument ``index`` (a tensor)."""
+
+    index: int
+    dim: int | None = None
+
+    def __str__(self) -> str:
+        return f"arg {self.index}" if self.dim is None else f"arg {self.index} dim {self.dim}"
+
+
+def token_symbol(fake_args: Sequence[Any], marked: Sequence[tuple[int, int]]) -> Any:
+    """The symbol of the token count: the size of the first dim the user
+    marked dynamic (``marked``: ``(graph input, dim)``), else the first
+    symbolic size among the graph's inputs; ``None`` for a static graph."""
+    for i, d in marked:
+        a = fake_args[i]
+        if isinstance(a, torch.Tensor) and d < a.dim():
+            size = a.shape[d]
+            if isinstance(size, torch.SymInt):
+                return size.node.expr
+    for a in fake_args:
         if isinstance(a, torch.SymInt):
-            return i
+            return a.node.expr
+        if isinstance(a, torch.Tensor):
+            for s in a.shape:
+                if isinstance(s, torch.SymInt):
+                    return s.node.expr
+    return None
+
+
+def find_token_arg(args: Sequence[Any], sym: Any) -> TokenArg | None:
+    """Where ``sym`` is among a piece's arguments: a SymInt argument equal to
+    it first, else a tensor dim equal to it; ``None`` if the piece does not
+    see the token count."""
+    if sym is None:
+        return None
+    for i, a in enumerate(args):
+        if isinstance(a, torch.SymInt) and a.node.expr == sym:
+            return TokenArg(i)
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            for d, s in enumerate(a.shape):
+                if isinstance(s, torch.SymInt) and s.node.expr == sym:
+                    return TokenArg(i, d)
     return None
 
 
@@ -39,10 +81,9 @@ def _subst(v: Any, sym: Any, size: int) -> int | None:
     return None
 
 
-def concrete_inputs(args: Sequence[Any], sym_index: int, size: int) -> list[Any] | None:
+def concrete_inputs(args: Sequence[Any], sym: Any, size: int) -> list[Any] | None:
     """Example inputs with the token symbol replaced by ``size`` (tensors
     allocated uninitialised); ``None`` if another symbol remains."""
-    sym = args[sym_index].node.expr
     out: list[Any] = []
     for a in args:
         if isinstance(a, torch.SymInt):
@@ -70,9 +111,11 @@ def concrete_inputs(args: Sequence[Any], sym_index: int, size: int) -> list[Any]
 
 
 class PieceRunner:
-    """Calls the compiled entry that serves the runtime size: an exact size
-    wins over a range; a size outside every entry runs the piece's FX graph
-    uncompiled (warned once, counted) or raises under ``strict``."""
+    """Calls the compiled entry that serves the runtime token count: an
+    exact size wins over a range; a size outside every entry runs the
+    piece's FX graph uncompiled (warned once, counted) or raises under
+    ``strict``. The entry of each size is looked up once, then one dict
+    lookup per call."""
 
     def __init__(
         self,
@@ -80,14 +123,15 @@ class PieceRunner:
         index: int,
         graph: torch.fx.GraphModule,
         entries: Sequence[tuple[Range, Callable[..., Any]]],
-        sym_index: int | None,
+        token_arg: TokenArg | None,
         strict: bool,
         counters: Sequence[Counters],
     ) -> None:
         self.index = index
         self.graph = graph
         self.entries = tuple(entries)
-        self.sym_index = sym_index
+        self.token_arg = token_arg
+        """Where the token count is among the piece's arguments (``None``: one entry)."""
         self.strict = strict
         self._counters = tuple(counters)
         self._fn_of = dict(self.entries)
@@ -95,16 +139,39 @@ class PieceRunner:
         self._warned = False
         self.chosen: dict[int, Range | None] = {}
         """Which entry served each size seen so far (``None``: uncompiled)."""
+        self.call: Callable[..., Any] = self._make_call()
+        """What the stitched graph calls: the compiled function itself when
+        there is one entry, else a size lookup."""
+
+    def _make_call(self) -> Callable[..., Any]:
+        ta = self.token_arg
+        if ta is None:
+            return self.entries[0][1]
+        by_size = self._by_size
+        resolve = self._resolve
+        i, d = ta.index, ta.dim
+        if d is None:
+
+            def by_symint(*args: Any) -> Any:
+                size = args[i]
+                fn = by_size.get(size)
+                if fn is None:
+                    fn = by_size[size] = resolve(int(size))
+                return fn(*args)
+
+            return by_symint
+
+        def by_dim(*args: Any) -> Any:
+            size = args[i].shape[d]
+            fn = by_size.get(size)
+            if fn is None:
+                fn = by_size[size] = resolve(int(size))
+            return fn(*args)
+
+        return by_dim
 
     def __call__(self, *args: Any) -> Any:
-        if self.sym_index is None:
-            return self.entries[0][1](*args)
-        size = args[self.sym_index]
-        fn = self._by_size.get(size)
-        if fn is None:
-            fn = self._resolve(int(size))
-            self._by_size[size] = fn
-        return fn(*args)
+        return self.call(*args)
 
     def _resolve(self, size: int) -> Callable[..., Any]:
         entry = choose_entry(tuple(self._fn_of), size)
@@ -114,17 +181,18 @@ class PieceRunner:
         entries = ", ".join(str(r) for r, _ in self.entries)
         if self.strict:
             raise SizeOutOfRangeError(
-                f"piece {self.index}: token count {size} is outside every compiled entry "
-                f"({entries}); raise max_num_tokens or add a range, or set strict=False to "
-                "run it uncompiled"
+                f"piece {self.index}: token count {size} ({self.token_arg}) is outside every "
+                f"compiled entry ({entries}); raise max_num_tokens or add a range, or set "
+                "strict=False to run it uncompiled"
             )
         if not self._warned:
             self._warned = True
             warnings.warn(
-                f"fxpiece: piece {self.index}: token count {size} is outside every compiled "
-                f"entry ({entries}); running it uncompiled (counted in num_uncompiled_runs)",
+                f"fxpiece: piece {self.index}: token count {size} ({self.token_arg}) is outside "
+                f"every compiled entry ({entries}); running it uncompiled (counted in "
+                "num_uncompiled_runs)",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
         self.chosen[size] = None
         graph = self.graph

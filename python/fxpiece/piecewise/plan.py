@@ -14,7 +14,7 @@ import torch.fx
 from fxpiece.cache.keys import IndexKey, artifact_digest, index_key
 from fxpiece.cache.store import ArtifactStore
 from fxpiece.config import CompileConfig
-from fxpiece.piecewise.dispatch import concrete_inputs, token_symbol_index
+from fxpiece.piecewise.dispatch import TokenArg, concrete_inputs, find_token_arg
 from fxpiece.piecewise.factors import input_meta, piece_signature
 from fxpiece.piecewise.interface import CompileContext
 from fxpiece.piecewise.passes import PassManager
@@ -48,8 +48,9 @@ class PiecePlan:
     """Every entry of one compiled piece."""
 
     item: SplitItem
-    sym_index: int | None
-    """Which argument of the piece is the token count (``None``: static)."""
+    token_arg: TokenArg | None
+    """Where the token count is among the piece's arguments (``None``: the
+    piece does not see it, one entry serves every call)."""
     work: tuple[Work, ...]
     num_pieces: int
 
@@ -65,20 +66,23 @@ def plan_piece(
     compiler_name: str,
     inductor_options: dict[str, Any],
     num_pieces: int,
+    sym: Any,
 ) -> PiecePlan:
-    """Every entry of piece ``it`` with its example inputs and digest."""
-    sym_index = token_symbol_index(args)
+    """Every entry of piece ``it`` with its example inputs and digest.
+    ``sym`` is the token count's symbol; a piece that does not see it is
+    compiled once (symbolic in any other size) and serves every call."""
+    token_arg = find_token_arg(args, sym)
     entries = (
-        config.compile_entries if sym_index is not None else (Range(1, config.max_num_tokens),)
-    )  # static shapes: one compile serves every call
+        config.compile_entries if token_arg is not None else (Range(1, config.max_num_tokens),)
+    )
     signature = piece_signature(it.graph)
     meta = [input_meta(a) for a in args]
     work: list[Work] = []
     for entry in entries:
         ex_args: Sequence[Any] = args
         concrete = False
-        if entry.is_single_size and sym_index is not None:
-            conc = concrete_inputs(args, sym_index, entry.start)
+        if entry.is_single_size and token_arg is not None:
+            conc = concrete_inputs(args, sym, entry.start)
             if conc is not None:
                 ex_args, concrete = conc, True
         pm = PassManager(config.post_grad_passes, entry) if config.post_grad_passes else None
@@ -97,7 +101,7 @@ def plan_piece(
         )
         key = index_key(entry.start, entry.end, it.index, compiler_name)
         work.append(Work(it, entry, ex_args, ctx, stats, key))
-    return PiecePlan(it, sym_index, tuple(work), num_pieces)
+    return PiecePlan(it, token_arg, tuple(work), num_pieces)
 
 
 def fake_inputs(example_inputs: Sequence[Any], fake_mode: Any) -> list[Any]:

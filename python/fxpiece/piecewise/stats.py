@@ -25,6 +25,9 @@ class PieceStats:
     split_op: str | None
     num_nodes: int
     entries: list[str] = field(default_factory=list)
+    token_arg: str | None = None
+    """Where the piece reads the token count it dispatches on (``"arg 2"``,
+    ``"arg 0 dim 1"``); ``None``: it does not see it, one entry serves all."""
     compiled: int = 0
     """Entries compiled by the compiler (Inductor or eager)."""
     loaded: int = 0
@@ -50,6 +53,9 @@ class GraphStats:
     load_s: float = 0.0
     total_s: float = 0.0
     traced_files: int = 0
+    token_symbol: str | None = None
+    """The token count's symbol: the size of the first dim marked dynamic,
+    else the first symbolic input size (``None``: static shapes)."""
     miss_explanation: str | None = None
     """Why the cache missed, when another key of the same model tag exists."""
     cache_problem: str | None = None

@@ -9,48 +9,71 @@
 //! * `log-<stamp>.json`: one per commit, holding the entries (and removals)
 //!   of that commit;
 //! * `snap-<stamp>.json`: a compaction of earlier logs and snapshots;
-//! * `.tmp-<host>-<pid>-<rand>`: a file being written; never read;
+//! * `.tmp-<host>-<namespace>-<pid>-<rand>`: a file being written, `flock`ed
+//!   by its writer until renamed into place; never read;
 //! * `LOCK`: sidecar lock file, `flock`ed only to keep compactions on one
 //!   host from duplicating work (correctness never depends on it);
-//! * `<file>.corrupt-<unix seconds>`: a file that failed verification, moved
-//!   aside.
+//! * `<file>.corrupt-<unix seconds>[.<n>]`: a file that failed verification
+//!   or is not a regular file, moved aside.
 //!
 //! Every file is written to a temp file in the same folder, fsynced, renamed
 //! to its final (unique) name, and the folder is fsynced. A reader therefore
-//! sees a file whole or not at all.
+//! sees a file whole or not at all. The format is in [`format`], the merge
+//! and the stamps in [`state`].
 //!
-//! Every entry carries the stamp of the commit that wrote it: zero-padded
-//! nanoseconds, host, pid and random bytes, compared as strings. The state is
-//! the per-key maximum over all files (last-writer-wins map): merging is
-//! commutative, associative and idempotent, so readers may union files in any
-//! order, and two compactions racing on different hosts (where `flock` may be
-//! node-local) lose nothing: each writes a snapshot containing everything it
-//! read *before* deleting what it read. A reader that finds a listed file gone
-//! (compacted away) lists again: the snapshot that absorbed it is then there.
+//! The state is the per-key maximum over all files (last-writer-wins map):
+//! merging is commutative, associative and idempotent, so readers may union
+//! files in any order, and two compactions racing on different hosts (where
+//! `flock` may be node-local) lose nothing: each writes a snapshot containing
+//! everything it read *before* deleting what it read. A reader that finds a
+//! listed file gone (compacted away) lists again: the snapshot that absorbed
+//! it is then there.
 //!
 //! A commit writes one small file whatever the size of the index, so its cost
 //! does not grow with the index. Compaction rewrites every entry, so it runs
 //! only once `max(compact_after, entries / ENTRIES_PER_LOG)` logs have piled
 //! up: its cost, linear in the index, is spread over a number of commits that
 //! grows as fast, and the amortised cost of a commit stays flat.
+//!
+//! # Hostile files
+//!
+//! The folder may hold anything. Data files are read only through
+//! [`fsutil::read_regular_file`]: a symlink (dangling or not, wherever it
+//! points), folder, FIFO, socket, device or file over
+//! [`Options::max_file_bytes`] named like a data file is never opened or
+//! followed; it is reported as a [`Problem`] and moved aside (or, if it
+//! cannot be moved, skipped), and the index works without it. The index
+//! folder itself being a symlink is refused with an error naming it.
+//!
+//! # Temp files and liveness
+//!
+//! A reader removes another writer's temp file only when it can take a
+//! non-blocking `flock` on it (its writer holds one until the rename) *and*
+//! the file is older than [`Options::stale_temp_after`] or its writer is
+//! provably dead ([`proc::TempOwner::provably_dead`]: same host name *and*
+//! same PID namespace of the same boot, and no such pid). So no reader ever
+//! removes a live writer's file, whatever container either runs in.
 
-use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
-use std::fs::{self, File, OpenOptions};
-use std::hash::{BuildHasherDefault, Hasher};
-use std::io::{ErrorKind, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::io::AsRawFd;
+pub mod format;
+pub mod state;
+
+use std::collections::HashSet;
+use std::fs::{self, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use serde::de::{self, Visitor};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 
+use self::format::{encode_file, kind_of, parse_body, verify_file_capped, Body, FileKind};
+pub use self::format::{verify_bytes, verify_file, FORMAT_VERSION, MAX_VALUE_DEPTH};
+use self::state::{now_nanos, Clock, Slot, Stamp, State};
+pub use self::state::{Key, Value};
 use crate::error::{Error, Result};
-use crate::hash::to_hex;
+use crate::fsutil::{self, FileLock, DEFAULT_MAX_FILE_BYTES};
+use crate::proc::{self, TempOwner, TMP_PREFIX};
 
 /// Compaction waits for at least one log per this many entries of the index
 /// (see the module docs): at 10,000 entries, 312 logs. Smaller would make big
@@ -58,103 +81,7 @@ use crate::hash::to_hex;
 /// small files for a cold reader to open.
 pub const ENTRIES_PER_LOG: usize = 32;
 
-/// Format version written in every file header.
-pub const FORMAT_VERSION: u32 = 1;
-const MAGIC: &str = "FXPIECE-INDEX";
 const LOCK_NAME: &str = "LOCK";
-const TMP_PREFIX: &str = ".tmp-";
-
-/// A fast, non-cryptographic hasher for the in-memory maps (FxHash with a
-/// final avalanche). The keys come from our own files, so there is no
-/// hash-flooding adversary to defend against, and SipHash was the largest
-/// single cost of loading and compacting a big index.
-#[derive(Default, Clone, Copy)]
-struct FastHasher(u64);
-
-impl FastHasher {
-    #[inline]
-    fn add(&mut self, w: u64) {
-        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
-
-impl Hasher for FastHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            self.add(u64::from_le_bytes(w));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut w = [0u8; 8];
-            w[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(w) ^ ((rest.len() as u64) << 56));
-        }
-    }
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-    #[inline]
-    fn write_i64(&mut self, i: i64) {
-        self.add(i as u64);
-    }
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        // murmur3 fmix64: spread the product's high entropy into the low bits
-        // the hash table indexes with.
-        let mut h = self.0;
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        h ^ (h >> 33)
-    }
-}
-
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
-
-/// `(range_start, range_end, graph_index, compiler)`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key {
-    pub start: i64,
-    pub end: i64,
-    pub graph: i64,
-    pub compiler: String,
-}
-
-impl Key {
-    pub fn new(start: i64, end: i64, graph: i64, compiler: impl Into<String>) -> Self {
-        Key {
-            start,
-            end,
-            graph,
-            compiler: compiler.into(),
-        }
-    }
-}
-
-/// A stored value: JSON text, kept raw so loading does not build values that
-/// nobody looks up.
-pub type Value = Box<RawValue>;
-
-#[derive(Debug, Clone)]
-struct Slot {
-    /// `None` is a removal (tombstone).
-    value: Option<Value>,
-    stamp: Arc<str>,
-}
 
 /// Options of an index handle.
 #[derive(Debug, Clone)]
@@ -168,25 +95,50 @@ pub struct Options {
     pub compact_after: usize,
     /// fsync files and the folder on every write.
     pub fsync: bool,
-    /// Temp files older than this are removed whatever their owner.
+    /// Temp files older than this are removed whatever their owner (if no
+    /// writer holds their `flock`).
     pub stale_temp_after: Duration,
     /// Never write: no folder created, no temp cleanup, corrupt files are
     /// skipped (not moved aside), commits fail with `EROFS`. For read-only
     /// mounts and deployments that must not touch the cache.
     pub readonly: bool,
+    /// Data files larger than this are refused unread (a [`Problem`]).
+    pub max_file_bytes: u64,
+    /// Entries stamped more than this past this host's clock are reported
+    /// (a [`Problem`] of kind [`ProblemKind::FutureStamp`]); see
+    /// [`state`] for how they are ordered.
+    pub max_clock_skew: Duration,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
-            host: this_host(),
+            host: proc::this_host(),
             use_flock: true,
             compact_after: 64,
             fsync: true,
             stale_temp_after: Duration::from_secs(3600),
             readonly: false,
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+            max_clock_skew: Duration::from_secs(3600),
         }
     }
+}
+
+/// What kind of thing was wrong with a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProblemKind {
+    /// Failed verification (header, version, checksum, JSON, stamps,
+    /// nesting), or is a file where the index folder should be: its entries
+    /// count as missing.
+    Corrupt,
+    /// Not a regular file (symlink, folder, FIFO, socket, device) or over
+    /// the size cap: never read.
+    Refused,
+    /// Valid, but holds entries stamped too far in the future: they are
+    /// used, ordered as stamped, and superseded by any later commit of the
+    /// same key.
+    FutureStamp,
 }
 
 /// What a verification found wrong with one file.
@@ -196,6 +148,7 @@ pub struct Problem {
     pub reason: String,
     /// Where the file was moved aside to, if it was.
     pub moved_to: Option<PathBuf>,
+    pub kind: ProblemKind,
 }
 
 /// A handle on an index folder with an in-memory view of its state.
@@ -203,381 +156,36 @@ pub struct Problem {
 pub struct Index {
     dir: PathBuf,
     opts: Options,
-    state: FastMap<Key, Slot>,
+    state: State,
     /// Files already merged into `state` (their names), among those last listed.
     seen: HashSet<String>,
     logs_on_disk: usize,
-    last_nanos: u64,
+    clock: Clock,
     /// Problems found since the caller last drained them.
     problems: Vec<Problem>,
-    /// Corrupt files that could not be moved aside (e.g. a read-only
-    /// folder): skipped, and reported once per handle rather than on every
-    /// refresh.
+    /// Bad files that could not be moved aside (e.g. a read-only folder):
+    /// skipped, and reported once per handle rather than on every refresh.
     unmovable: HashSet<String>,
-}
-
-// ----- file format -----------------------------------------------------------
-
-/// A JSON string that borrows from the file when it has no escapes and is
-/// owned when it has some: a compiler name may hold quotes, backslashes or
-/// control characters, which a plain `&str` cannot be deserialised from.
-#[derive(Debug)]
-struct Text<'a>(Cow<'a, str>);
-
-impl Serialize for Text<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(&self.0)
-    }
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Text<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> std::result::Result<Text<'de>, E> {
-                Ok(Text(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Text<'de>, E> {
-                Ok(Text(Cow::Owned(v.to_owned())))
-            }
-            fn visit_string<E: de::Error>(self, v: String) -> std::result::Result<Text<'de>, E> {
-                Ok(Text(Cow::Owned(v)))
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
-#[derive(Serialize, Deserialize)]
-struct Body<'a> {
-    kind: &'a str,
-    #[serde(borrow)]
-    stamps: Vec<Text<'a>>,
-    #[serde(borrow)]
-    entries: Vec<(i64, i64, i64, Text<'a>, &'a RawValue, usize)>,
-    #[serde(borrow)]
-    removed: Vec<(i64, i64, i64, Text<'a>, usize)>,
-}
-
-fn text(s: &str) -> Text<'_> {
-    Text(Cow::Borrowed(s))
-}
-
-/// Serialise a file: a header line (magic, version, BLAKE3 and length of the
-/// body) followed by the JSON body and a newline. Returned as `(header,
-/// body)` so a big snapshot is not copied once more to prepend its header.
-fn encode_file(kind: &str, items: &[(&Key, &Slot)]) -> (Vec<u8>, Vec<u8>) {
-    // Entries of one commit share one `Arc` stamp: dedupe by pointer (cheap)
-    // rather than by text. Equal stamps in different `Arc`s are written twice,
-    // which the format allows.
-    let mut stamp_ids: FastMap<usize, usize> = FastMap::default();
-    let mut stamps: Vec<Text<'_>> = Vec::new();
-    let mut entries = Vec::with_capacity(items.len());
-    let mut removed = Vec::new();
-    let mut value_bytes = 0usize;
-    for (k, slot) in items {
-        let next = stamps.len();
-        let id = *stamp_ids
-            .entry(Arc::as_ptr(&slot.stamp) as *const u8 as usize)
-            .or_insert_with(|| {
-                stamps.push(Text(Cow::Borrowed(&slot.stamp)));
-                next
-            });
-        match &slot.value {
-            Some(v) => {
-                value_bytes += v.get().len() + k.compiler.len();
-                entries.push((k.start, k.end, k.graph, text(&k.compiler), &**v, id));
-            }
-            None => removed.push((k.start, k.end, k.graph, text(&k.compiler), id)),
-        }
-    }
-    let estimate = 64 + value_bytes + 72 * items.len() + 64 * stamps.len();
-    let body = Body {
-        kind,
-        stamps,
-        entries,
-        removed,
-    };
-    let mut json = Vec::with_capacity(estimate);
-    serde_json::to_writer(&mut json, &body).expect("index bodies always serialise");
-    let header = format!(
-        "{MAGIC} v{FORMAT_VERSION} blake3={} len={}\n",
-        to_hex(blake3::hash(&json).as_bytes()),
-        json.len()
-    )
-    .into_bytes();
-    json.push(b'\n');
-    (header, json)
-}
-
-/// Verify a file's header and checksum; return its JSON body.
-pub fn verify_bytes<'a>(path: &Path, data: &'a [u8]) -> Result<&'a [u8]> {
-    if data.is_empty() {
-        return Err(Error::corrupt(path, "empty file"));
-    }
-    let nl = data
-        .iter()
-        .position(|&b| b == b'\n')
-        .ok_or_else(|| Error::corrupt(path, "no header line"))?;
-    let header = std::str::from_utf8(&data[..nl]).map_err(|_| Error::corrupt(path, "header is not text"))?;
-    let mut parts = header.split(' ');
-    if parts.next() != Some(MAGIC) {
-        return Err(Error::corrupt(path, "not an fxpiece index file (bad magic)"));
-    }
-    let version = parts.next().unwrap_or("");
-    if version != format!("v{FORMAT_VERSION}") {
-        return Err(Error::corrupt(
-            path,
-            format!("unsupported format version {version:?} (this build reads v{FORMAT_VERSION})"),
-        ));
-    }
-    let sum = parts
-        .next()
-        .and_then(|p| p.strip_prefix("blake3="))
-        .ok_or_else(|| Error::corrupt(path, "header has no checksum"))?;
-    let len: usize = parts
-        .next()
-        .and_then(|p| p.strip_prefix("len="))
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| Error::corrupt(path, "header has no length"))?;
-    let rest = &data[nl + 1..];
-    if rest.len() < len {
-        return Err(Error::corrupt(
-            path,
-            format!("truncated: body has {} of {len} bytes", rest.len()),
-        ));
-    }
-    let body = &rest[..len];
-    let tail = &rest[len..];
-    if !(tail.is_empty() || tail == b"\n") {
-        return Err(Error::corrupt(
-            path,
-            format!("{} unexpected bytes after the {len}-byte body", tail.len()),
-        ));
-    }
-    if to_hex(blake3::hash(body).as_bytes()) != sum {
-        return Err(Error::corrupt(path, "checksum mismatch"));
-    }
-    Ok(body)
-}
-
-fn parse_body<'a>(path: &Path, body: &'a [u8]) -> Result<Body<'a>> {
-    let parsed: Body<'a> =
-        serde_json::from_slice(body).map_err(|e| Error::corrupt(path, format!("bad JSON body: {e}")))?;
-    let n = parsed.stamps.len();
-    let bad = parsed.entries.iter().any(|e| e.5 >= n) || parsed.removed.iter().any(|r| r.4 >= n);
-    if bad {
-        return Err(Error::corrupt(path, "entry refers to a missing stamp"));
-    }
-    Ok(parsed)
-}
-
-/// Read and verify one index file without merging it anywhere.
-pub fn verify_file(path: &Path) -> Result<usize> {
-    let data = fs::read(path).map_err(|e| Error::io("read", path, e))?;
-    let body = verify_bytes(path, &data)?;
-    let parsed = parse_body(path, body)?;
-    Ok(parsed.entries.len() + parsed.removed.len())
-}
-
-// ----- small OS helpers --------------------------------------------------------
-
-pub fn this_host() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: buf is valid for buf.len() bytes; gethostname NUL-terminates on success.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let raw = if rc == 0 {
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        "unknown".to_owned()
-    };
-    sanitize_host(&raw)
-}
-
-/// Hosts go in file names: keep `[A-Za-z0-9.]` (other bytes become `_`; `-`
-/// separates fields).
-pub fn sanitize_host(raw: &str) -> String {
-    let s: String = raw
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if s.is_empty() {
-        "unknown".to_owned()
-    } else {
-        s
-    }
-}
-
-fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    if getrandom::fill(&mut b).is_err() {
-        // Fall back on time and address entropy; uniqueness also rests on pid and nanos.
-        let t = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        return (t as u64) ^ ((&b as *const _ as u64).rotate_left(17));
-    }
-    u64::from_le_bytes(b)
-}
-
-fn now_nanos() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
-
-pub fn pid_alive(pid: i32) -> bool {
-    if pid <= 0 {
-        return false;
-    }
-    // SAFETY: signal 0 performs only the existence and permission check.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
-fn fsync_dir(dir: &Path) -> Result<()> {
-    let d = File::open(dir).map_err(|e| Error::io("open folder", dir, e))?;
-    d.sync_all().map_err(|e| Error::io("fsync folder", dir, e))
-}
-
-/// Write `data` to `dir/name` atomically: temp file in the same folder, fsync,
-/// rename, fsync of the folder. On any failure the temp file is removed and
-/// nothing else is touched.
-pub fn write_atomic(dir: &Path, name: &str, data: &[u8], host: &str, fsync: bool) -> Result<PathBuf> {
-    write_atomic_parts(dir, name, &[data], host, fsync)
-}
-
-/// [`write_atomic`] of the concatenation of `parts`.
-pub fn write_atomic_parts(
-    dir: &Path,
-    name: &str,
-    parts: &[&[u8]],
-    host: &str,
-    fsync: bool,
-) -> Result<PathBuf> {
-    let tmp = dir.join(format!(
-        "{TMP_PREFIX}{host}-{}-{:016x}",
-        std::process::id(),
-        random_u64()
-    ));
-    let fin = dir.join(name);
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&tmp)
-            .map_err(|e| Error::io("create", &tmp, e))?;
-        for part in parts {
-            f.write_all(part).map_err(|e| Error::io("write", &tmp, e))?;
-        }
-        if fsync {
-            f.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
-        }
-        drop(f);
-        fs::rename(&tmp, &fin).map_err(|e| Error::io("rename into place", &fin, e))?;
-        Ok(())
-    })();
-    if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    if fsync {
-        fsync_dir(dir)?;
-    }
-    Ok(fin)
-}
-
-/// An exclusive `flock` on a sidecar file; released on drop, and by the
-/// kernel if the holder dies.
-#[derive(Debug)]
-pub struct FileLock {
-    file: File,
-}
-
-impl FileLock {
-    /// Try to take the lock; with `timeout` `None` do not wait.
-    pub fn acquire(path: &Path, timeout: Option<Duration>) -> Result<Option<FileLock>> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(path)
-            .map_err(|e| Error::io("open lock file", path, e))?;
-        let start = Instant::now();
-        let mut backoff = Duration::from_micros(200);
-        loop {
-            // SAFETY: fd is a valid open descriptor owned by `file`.
-            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-            if rc == 0 {
-                return Ok(Some(FileLock { file }));
-            }
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(Error::io("lock", path, err));
-            }
-            match timeout {
-                None => return Ok(None),
-                Some(t) if start.elapsed() >= t => {
-                    return Err(Error::LockTimeout {
-                        path: path.to_path_buf(),
-                        waited_secs: start.elapsed().as_secs_f64(),
-                    })
-                }
-                Some(_) => {
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(Duration::from_millis(20));
-                }
-            }
-        }
-    }
-}
-
-impl Drop for FileLock {
-    fn drop(&mut self) {
-        // SAFETY: fd is valid until `file` drops right after this.
-        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
-    }
-}
-
-// ----- the index -------------------------------------------------------------
-
-enum FileKind {
-    Log,
-    Snap,
-}
-
-fn kind_of(name: &str) -> Option<FileKind> {
-    if !name.ends_with(".json") {
-        return None;
-    }
-    if name.starts_with("log-") {
-        Some(FileKind::Log)
-    } else if name.starts_with("snap-") {
-        Some(FileKind::Snap)
-    } else {
-        None
-    }
 }
 
 struct Listing {
     data_files: Vec<String>,
     temps: Vec<String>,
+}
+
+/// Refuse an index folder that is a symlink (it could point anywhere).
+fn refuse_symlinked_folder(dir: &Path, m: &fs::Metadata) -> Result<()> {
+    if m.file_type().is_symlink() {
+        let target = fs::read_link(dir)
+            .map(|t| format!(" (to {})", t.display()))
+            .unwrap_or_default();
+        return Err(Error::refused(
+            dir,
+            libc::ELOOP,
+            format!("the index folder is a symbolic link{target}; not followed (point the cache at the real folder)"),
+        ));
+    }
+    Ok(())
 }
 
 impl Index {
@@ -586,35 +194,40 @@ impl Index {
         let dir = dir.into();
         let mut problems = Vec::new();
         let readonly = opts.readonly;
-        match fs::metadata(&dir) {
+        match fs::symlink_metadata(&dir) {
+            Ok(m) if m.file_type().is_symlink() => refuse_symlinked_folder(&dir, &m)?,
             Ok(m) if m.is_dir() => {}
-            Ok(_) if readonly => problems.push(Problem {
+            Ok(m) if readonly => problems.push(Problem {
                 file: dir.clone(),
-                reason: "the index path is a file, not a folder (read-only: left in place)".to_owned(),
+                reason: format!(
+                    "the index path is {}, not a folder (read-only: left in place)",
+                    fsutil::describe(&m)
+                ),
                 moved_to: None,
+                kind: ProblemKind::Corrupt,
             }),
             Err(e) if e.kind() == ErrorKind::NotFound && readonly => {}
-            Ok(_) => {
+            Ok(m) => {
                 // Not a folder (e.g. a stray or torn file from another tool): move it aside.
-                let aside = aside_name(&dir);
-                fs::rename(&dir, &aside).map_err(|e| Error::io("move aside", &dir, e))?;
-                create_private_dir(&dir)?;
+                let aside = fsutil::quarantine(&dir).map_err(|e| Error::io("move aside", &dir, e))?;
+                fsutil::create_private_dir(&dir)?;
                 problems.push(Problem {
                     file: dir.clone(),
-                    reason: "the index path is a file, not a folder".to_owned(),
+                    reason: format!("the index path is {}, not a folder", fsutil::describe(&m)),
                     moved_to: Some(aside),
+                    kind: ProblemKind::Corrupt,
                 });
             }
-            Err(e) if e.kind() == ErrorKind::NotFound => create_private_dir(&dir)?,
+            Err(e) if e.kind() == ErrorKind::NotFound => fsutil::create_private_dir(&dir)?,
             Err(e) => return Err(Error::io("open folder", &dir, e)),
         }
         let mut idx = Index {
             dir,
             opts,
-            state: FastMap::default(),
+            state: State::default(),
             seen: HashSet::new(),
             logs_on_disk: 0,
-            last_nanos: 0,
+            clock: Clock::default(),
             problems,
             unmovable: HashSet::new(),
         };
@@ -630,7 +243,7 @@ impl Index {
         &self.opts
     }
 
-    /// Problems (corrupt files moved aside) found since the last call.
+    /// Problems found since the last call.
     pub fn take_problems(&mut self) -> Vec<Problem> {
         std::mem::take(&mut self.problems)
     }
@@ -664,28 +277,13 @@ impl Index {
         Ok(Listing { data_files, temps })
     }
 
-    fn merge(&mut self, key: Key, slot: Slot) {
-        use std::collections::hash_map::Entry;
-        match self.state.entry(key) {
-            Entry::Occupied(mut cur) => {
-                if *cur.get().stamp < *slot.stamp {
-                    cur.insert(slot);
-                }
-            }
-            Entry::Vacant(v) => {
-                v.insert(slot);
-            }
-        }
-    }
-
-    fn merge_body(&mut self, body: Body<'_>) -> Result<()> {
-        let stamps: Vec<Arc<str>> = body.stamps.iter().map(|s| Arc::from(&*s.0)).collect();
+    fn merge_body(&mut self, body: Body<'_>, stamps: &[Arc<Stamp>]) {
         // Loading a snapshot into an empty map: size it once, not by doubling.
         self.state
-            .reserve((body.entries.len() + body.removed.len()).saturating_sub(self.state.len()));
+            .reserve((body.entries.len() + body.removed.len()).saturating_sub(self.state.slots()));
         for (s, e, g, c, v, i) in body.entries {
             let raw = v.to_owned();
-            self.merge(
+            self.state.merge(
                 Key::new(s, e, g, c.0),
                 Slot {
                     value: Some(raw),
@@ -694,7 +292,7 @@ impl Index {
             );
         }
         for (s, e, g, c, i) in body.removed {
-            self.merge(
+            self.state.merge(
                 Key::new(s, e, g, c.0),
                 Slot {
                     value: None,
@@ -702,10 +300,11 @@ impl Index {
                 },
             );
         }
-        Ok(())
     }
 
-    fn quarantine(&mut self, name: &str, reason: String) {
+    /// Report a file that must not be merged and move it aside (unless
+    /// read-only, or it cannot be moved: then it is skipped from now on).
+    fn set_aside(&mut self, name: &str, reason: String, kind: ProblemKind) {
         let path = self.dir.join(name);
         if self.opts.readonly {
             if self.unmovable.insert(name.to_owned()) {
@@ -713,13 +312,13 @@ impl Index {
                     file: path,
                     reason,
                     moved_to: None,
+                    kind,
                 });
             }
             return;
         }
-        let aside = aside_name(&path);
-        let moved_to = match fs::rename(&path, &aside) {
-            Ok(()) => Some(aside),
+        let moved_to = match fsutil::quarantine(&path) {
+            Ok(aside) => Some(aside),
             // Another process moved it aside first: nothing left to skip or report.
             Err(e) if e.kind() == ErrorKind::NotFound => return,
             Err(_) => {
@@ -731,6 +330,32 @@ impl Index {
             file: path,
             reason,
             moved_to,
+            kind,
+        });
+    }
+
+    /// Report the stamps of a file that lie more than the allowed skew past
+    /// this host's clock (not those made by the per-key clock rule).
+    fn check_future(&mut self, name: &str, stamps: &[Arc<Stamp>]) {
+        let now = now_nanos();
+        let limit = now.saturating_add(self.opts.max_clock_skew.as_nanos());
+        let future: Vec<&Arc<Stamp>> = stamps
+            .iter()
+            .filter(|s| s.nanos > limit && !s.is_logical())
+            .collect();
+        let Some(latest) = future.iter().map(|s| s.nanos).max() else {
+            return;
+        };
+        let ahead = (latest - now) / 1_000_000_000;
+        self.problems.push(Problem {
+            file: self.dir.join(name),
+            reason: format!(
+                "{} stamp(s) up to {ahead} s past this host's clock (more than the allowed skew of {} s): a host with a wrong clock wrote it; its entries are used as stamped, and a later insert or remove of the same key still supersedes them",
+                future.len(),
+                self.opts.max_clock_skew.as_secs()
+            ),
+            moved_to: None,
+            kind: ProblemKind::FutureStamp,
         });
     }
 
@@ -747,7 +372,7 @@ impl Index {
             self.logs_on_disk = listing
                 .data_files
                 .iter()
-                .filter(|n| matches!(kind_of(n), Some(FileKind::Log)))
+                .filter(|n| kind_of(n) == Some(FileKind::Log))
                 .count();
             let mut vanished = false;
             for name in &listing.data_files {
@@ -755,23 +380,29 @@ impl Index {
                     continue;
                 }
                 let path = self.dir.join(name);
-                let data = match fs::read(&path) {
+                let data = match fsutil::read_regular_file(&path, self.opts.max_file_bytes) {
                     Ok(d) => d,
-                    Err(e) if e.kind() == ErrorKind::NotFound => {
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) && matches!(e, Error::Io { .. }) => {
                         // Compacted away after we listed: the snapshot that
-                        // absorbed it exists now; list again.
+                        // absorbed it exists now; list again. (A dangling
+                        // symlink is refused above, never taken for this.)
                         vanished = true;
                         continue;
                     }
-                    Err(e) => return Err(Error::io("read", &path, e)),
+                    Err(Error::Refused { reason, .. }) => {
+                        self.set_aside(name, reason, ProblemKind::Refused);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
                 };
                 let parsed = verify_bytes(&path, &data).and_then(|b| parse_body(&path, b));
                 match parsed {
-                    Ok(body) => {
-                        self.merge_body(body)?;
+                    Ok((body, stamps)) => {
+                        self.check_future(name, &stamps);
+                        self.merge_body(body, &stamps);
                         self.seen.insert(name.clone());
                     }
-                    Err(Error::Corrupt { reason, .. }) => self.quarantine(name, reason),
+                    Err(Error::Corrupt { reason, .. }) => self.set_aside(name, reason, ProblemKind::Corrupt),
                     Err(e) => return Err(e),
                 }
             }
@@ -786,49 +417,63 @@ impl Index {
         ))
     }
 
-    /// Remove temp files left by dead writers: those of this host whose pid is
-    /// gone, and any older than `stale_temp_after`.
+    /// Remove temp files left by dead writers. A temp file goes only if no
+    /// writer holds its `flock` (each holds one until its rename) and it is
+    /// older than `stale_temp_after` or its writer is provably dead (same
+    /// host, same PID namespace of the same boot, pid gone). Anything that
+    /// is not a regular file is left alone (never ours, never read).
     fn clean_temps(&self, temps: &[String]) {
         for name in temps {
-            let rest = &name[TMP_PREFIX.len()..];
-            let mut fields = rest.rsplitn(3, '-');
-            let _rand = fields.next();
-            let pid: Option<i32> = fields.next().and_then(|p| p.parse().ok());
-            let host = fields.next();
             let path = self.dir.join(name);
-            let dead_here = host == Some(self.opts.host.as_str()) && pid.is_some_and(|p| !pid_alive(p));
-            let stale = fs::metadata(&path)
-                .and_then(|m| m.modified())
+            let Ok(meta) = fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if !meta.file_type().is_file() {
+                continue;
+            }
+            let stale = meta
+                .modified()
                 .ok()
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|age| age >= self.opts.stale_temp_after);
-            if dead_here || stale {
+            let dead = || TempOwner::parse(name).is_some_and(|o| o.provably_dead(&self.opts.host));
+            if !(stale || dead()) {
+                continue;
+            }
+            let Ok(file) = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+                .open(&path)
+            else {
+                continue;
+            };
+            match fsutil::try_flock(&file) {
+                Ok(true) => {}
+                // A live writer holds it.
+                Ok(false) => continue,
+                // No flock on this file system: the age and death rules alone.
+                Err(_) => {}
+            }
+            // Still the file we locked (not renamed away and replaced)?
+            let same = |m: &fs::Metadata| (m.dev(), m.ino()) == (meta.dev(), meta.ino());
+            let locked_same = file.metadata().is_ok_and(|m| same(&m));
+            let path_same = fs::symlink_metadata(&path).is_ok_and(|m| same(&m));
+            if locked_same && path_same {
                 let _ = fs::remove_file(&path);
             }
         }
     }
 
-    fn next_stamp(&mut self) -> Arc<str> {
-        let n = now_nanos().max(self.last_nanos + 1);
-        self.last_nanos = n;
-        Arc::from(format!(
-            "{n:020}-{}-{}-{:016x}",
-            self.opts.host,
-            std::process::id(),
-            random_u64()
-        ))
-    }
-
     pub fn get(&self, key: &Key) -> Option<&RawValue> {
-        self.state.get(key).and_then(|s| s.value.as_deref())
+        self.state.get(key)
     }
 
     pub fn len(&self) -> usize {
-        self.state.values().filter(|s| s.value.is_some()).count()
+        self.state.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.state.is_empty()
     }
 
     /// Live entries, sorted by key.
@@ -842,8 +487,6 @@ impl Index {
         v
     }
 
-    /// Commit a batch of puts (`Some`) and removals (`None`) as one durable,
-    /// atomic file. Returns once the commit is on disk.
     fn check_writable(&self) -> Result<()> {
         if self.opts.readonly {
             return Err(Error::io(
@@ -855,28 +498,30 @@ impl Index {
         Ok(())
     }
 
+    /// Commit a batch of puts (`Some`) and removals (`None`) as one durable,
+    /// atomic file. Returns once the commit is on disk. Each entry
+    /// supersedes whatever this handle has seen for its key, even an entry
+    /// stamped in the future (see [`state`]).
     pub fn commit(&mut self, ops: Vec<(Key, Option<Value>)>) -> Result<()> {
         self.check_writable()?;
         if ops.is_empty() {
             return Ok(());
         }
-        let stamp = self.next_stamp();
+        let stamp = self.clock.next(&self.opts.host);
         let slots: Vec<(Key, Slot)> = ops
             .into_iter()
             .map(|(k, v)| {
-                (
-                    k,
-                    Slot {
-                        value: v,
-                        stamp: stamp.clone(),
-                    },
-                )
+                let stamp = match self.state.stamp_of(&k) {
+                    Some(prev) if **prev >= *stamp => self.clock.after(prev, &self.opts.host),
+                    _ => stamp.clone(),
+                };
+                (k, Slot { value: v, stamp })
             })
             .collect();
         let items: Vec<(&Key, &Slot)> = slots.iter().map(|(k, s)| (k, s)).collect();
         let (header, body) = encode_file("log", &items);
-        let name = format!("log-{stamp}.json");
-        write_atomic_parts(
+        let name = format!("log-{}.json", stamp.text);
+        fsutil::write_atomic_parts(
             &self.dir,
             &name,
             &[&header, &body],
@@ -886,7 +531,7 @@ impl Index {
         self.seen.insert(name);
         self.logs_on_disk += 1;
         for (k, s) in slots {
-            self.merge(k, s);
+            self.state.merge(k, s);
         }
         if self.logs_on_disk >= self.compact_threshold() {
             // The commit is durable now: a compaction that fails (e.g. the
@@ -899,7 +544,7 @@ impl Index {
 
     /// Logs that trigger a compaction at the index's current size.
     pub fn compact_threshold(&self) -> usize {
-        self.opts.compact_after.max(self.state.len() / ENTRIES_PER_LOG)
+        self.opts.compact_after.max(self.state.slots() / ENTRIES_PER_LOG)
     }
 
     fn auto_compact(&mut self) -> Result<()> {
@@ -908,7 +553,7 @@ impl Index {
         self.logs_on_disk = listing
             .data_files
             .iter()
-            .filter(|n| matches!(kind_of(n), Some(FileKind::Log)))
+            .filter(|n| kind_of(n) == Some(FileKind::Log))
             .count();
         if self.logs_on_disk >= self.compact_threshold() {
             self.compact(None)?;
@@ -920,6 +565,7 @@ impl Index {
         self.commit(vec![(key, Some(value))])
     }
 
+    /// Remove an entry; returns whether this view held it.
     pub fn remove(&mut self, key: Key) -> Result<bool> {
         let had = self.get(&key).is_some();
         self.commit(vec![(key, None)])?;
@@ -928,11 +574,20 @@ impl Index {
 
     /// Merge every file into one snapshot and delete the files it absorbed.
     /// With `wait` `None`, skip (return `false`) if another process on this
-    /// host is compacting; otherwise wait up to `wait` for it.
+    /// host is compacting; otherwise wait up to `wait` for it. A `LOCK` that
+    /// is not a regular file (symlink, FIFO...) is moved aside and replaced.
     pub fn compact(&mut self, wait: Option<Duration>) -> Result<bool> {
         self.check_writable()?;
         let _lock = if self.opts.use_flock {
-            match FileLock::acquire(&self.dir.join(LOCK_NAME), wait)? {
+            let lock_path = self.dir.join(LOCK_NAME);
+            let taken = match FileLock::acquire(&lock_path, wait) {
+                Err(Error::Refused { reason, .. }) => {
+                    self.set_aside(LOCK_NAME, reason, ProblemKind::Refused);
+                    FileLock::acquire(&lock_path, wait)?
+                }
+                other => other?,
+            };
+            match taken {
                 Some(l) => Some(l),
                 None => return Ok(false),
             }
@@ -956,13 +611,13 @@ impl Index {
         if absorbed.len() <= 1 && absorbed.iter().all(|n| n.starts_with("snap-")) {
             return Ok(());
         }
-        let stamp = self.next_stamp();
+        let stamp = self.clock.next(&self.opts.host);
         let mut items: Vec<(&Key, &Slot)> = self.state.iter().collect();
         items.sort_unstable_by(|a, b| a.0.cmp(b.0));
         let (header, body) = encode_file("snapshot", &items);
         drop(items);
-        let name = format!("snap-{stamp}.json");
-        write_atomic_parts(
+        let name = format!("snap-{}.json", stamp.text);
+        fsutil::write_atomic_parts(
             &self.dir,
             &name,
             &[&header, &body],
@@ -986,8 +641,17 @@ impl Index {
         Ok(())
     }
 
-    /// Check every file of the index; with `repair`, move bad ones aside.
+    /// Check every file of the index (with the same safe reader and checks
+    /// as loading it); with `repair`, move bad ones aside.
     pub fn verify(dir: &Path, repair: bool) -> Result<(usize, Vec<Problem>)> {
+        Self::verify_capped(dir, repair, DEFAULT_MAX_FILE_BYTES)
+    }
+
+    /// [`Index::verify`] with a size cap on files.
+    pub fn verify_capped(dir: &Path, repair: bool, max_bytes: u64) -> Result<(usize, Vec<Problem>)> {
+        if let Ok(m) = fs::symlink_metadata(dir) {
+            refuse_symlinked_folder(dir, &m)?;
+        }
         let rd = fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))?;
         let mut ok = 0;
         let mut problems = Vec::new();
@@ -999,55 +663,30 @@ impl Index {
         names.sort_unstable();
         for name in names {
             let path = dir.join(&name);
-            match verify_file(&path) {
-                Ok(_) => ok += 1,
-                Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {}
-                Err(Error::Corrupt { reason, .. }) => {
-                    let moved_to = if repair {
-                        let aside = aside_name(&path);
-                        fs::rename(&path, &aside).ok().map(|_| aside)
-                    } else {
-                        None
-                    };
-                    problems.push(Problem {
-                        file: path,
-                        reason,
-                        moved_to,
-                    });
+            let (reason, kind) = match verify_file_capped(&path, max_bytes) {
+                Ok(_) => {
+                    ok += 1;
+                    continue;
                 }
+                Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => continue,
+                Err(Error::Corrupt { reason, .. }) => (reason, ProblemKind::Corrupt),
+                Err(Error::Refused { reason, .. }) => (reason, ProblemKind::Refused),
                 Err(e) => return Err(e),
-            }
+            };
+            let moved_to = if repair {
+                fsutil::quarantine(&path).ok()
+            } else {
+                None
+            };
+            problems.push(Problem {
+                file: path,
+                reason,
+                moved_to,
+                kind,
+            });
         }
         Ok((ok, problems))
     }
-}
-
-/// Create `dir` and any missing parents, each private to the user (0700).
-fn create_private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| Error::io("create folder", dir, e))
-}
-
-fn aside_name(path: &Path) -> PathBuf {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let mut s = path.as_os_str().to_owned();
-    s.push(format!(".corrupt-{secs}"));
-    let mut p = PathBuf::from(s);
-    let mut n = 1;
-    while p.exists() {
-        let mut s = path.as_os_str().to_owned();
-        s.push(format!(".corrupt-{secs}.{n}"));
-        p = PathBuf::from(s);
-        n += 1;
-    }
-    p
 }
 
 #[cfg(test)]
@@ -1171,9 +810,9 @@ mod tests {
         // Merging an older slot after a newer one keeps the newer.
         let old = Slot {
             value: Some(raw("0")),
-            stamp: Arc::from("00000000000000000001-h-1-0"),
+            stamp: Arc::new(Stamp::parse("00000000000000000001-h-1-0").unwrap()),
         };
-        a.merge(k.clone(), old);
+        a.state.merge(k.clone(), old);
         assert_eq!(a.get(&k).unwrap().get(), "2");
         let b = Index::open(d.path(), opts()).unwrap();
         assert_eq!(b.get(&k).unwrap().get(), "2");
@@ -1356,19 +995,34 @@ mod tests {
     #[test]
     fn stale_temp_of_dead_writer_is_cleaned() {
         let d = tempfile::tempdir().unwrap();
-        let host = this_host();
-        // pid 2^22+ is above pid_max defaults: dead.
-        let dead = d.path().join(format!(".tmp-{host}-4999999-00000000deadbeef"));
+        let host = proc::this_host();
+        let ns = proc::namespace_id().expect("tests run with /proc");
+        // pid 2^22+ is above pid_max defaults: dead, in our own namespace.
+        let dead = d
+            .path()
+            .join(format!(".tmp-{host}-{ns}-4999999-00000000deadbeef"));
         fs::write(&dead, b"half").unwrap();
         let other = d.path().join(".tmp-otherhost-1-00000000deadbeef");
         fs::write(&other, b"half").unwrap();
-        let live = d
+        // Same host name, another PID namespace (a container): its pid says
+        // nothing here, so only age may remove it.
+        let other_ns = d
             .path()
-            .join(format!(".tmp-{host}-{}-00000000deadbeef", std::process::id()));
+            .join(format!(".tmp-{host}-000000000000-4999999-00000000deadbeef"));
+        fs::write(&other_ns, b"half").unwrap();
+        // A name without a namespace id (older writers) proves nothing either.
+        let no_ns = d.path().join(format!(".tmp-{host}-4999999-00000000deadbeef"));
+        fs::write(&no_ns, b"half").unwrap();
+        let live = d.path().join(proc::temp_name(&host));
         fs::write(&live, b"half").unwrap();
         let _ = Index::open(d.path(), opts()).unwrap();
         assert!(!dead.exists());
         assert!(other.exists(), "fresh temp of another host is left alone");
+        assert!(
+            other_ns.exists(),
+            "fresh temp of another PID namespace is left alone"
+        );
+        assert!(no_ns.exists(), "fresh temp without a namespace id is left alone");
         assert!(live.exists(), "temp of a live writer is left alone");
         let _ = Index::open(
             d.path(),
@@ -1379,58 +1033,32 @@ mod tests {
         )
         .unwrap();
         assert!(!other.exists());
+        assert!(!other_ns.exists() && !no_ns.exists());
     }
 
     #[test]
-    fn lock_is_exclusive_and_taken_over_when_holder_goes() {
+    fn temp_with_a_held_flock_is_never_removed() {
         let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("LOCK");
-        let held = FileLock::acquire(&p, None).unwrap().expect("first taker gets it");
-        // A second open file description cannot take it...
-        assert!(FileLock::acquire(&p, None).unwrap().is_none());
-        let err = FileLock::acquire(&p, Some(Duration::from_millis(30))).unwrap_err();
-        assert!(matches!(err, Error::LockTimeout { .. }));
-        // ...until the holder goes away (closing the descriptor is what the
-        // kernel does when a process dies).
-        drop(held);
-        assert!(FileLock::acquire(&p, None).unwrap().is_some());
-    }
-
-    #[test]
-    fn lock_of_killed_process_is_free() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("LOCK");
-        // A child holds the lock with flock(1) semantics via a shell-free fork.
-        // SAFETY: the child only calls async-signal-safe functions before _exit.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            let path = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
-            unsafe {
-                let fd = libc::open(path.as_ptr(), libc::O_CREAT | libc::O_RDWR, 0o644);
-                libc::flock(fd, libc::LOCK_EX);
-                libc::pause();
-                libc::_exit(0);
-            }
-        }
-        // Wait until the child holds it.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match FileLock::acquire(&p, None).unwrap() {
-                Some(l) => {
-                    drop(l);
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                None => break,
-            }
-            assert!(Instant::now() < deadline, "child never took the lock");
-        }
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-            libc::waitpid(pid, std::ptr::null_mut(), 0);
-        }
-        assert!(FileLock::acquire(&p, Some(Duration::from_secs(5)))
-            .unwrap()
-            .is_some());
+        let host = proc::this_host();
+        let ns = proc::namespace_id().expect("tests run with /proc");
+        // Claims a dead pid of our namespace, and is "stale" below; but a
+        // writer holds its flock, so it is live whatever its name says.
+        let held = d
+            .path()
+            .join(format!(".tmp-{host}-{ns}-4999999-00000000feedbeef"));
+        fs::write(&held, b"half").unwrap();
+        let f = fs::File::open(&held).unwrap();
+        assert!(fsutil::try_flock(&f).unwrap());
+        let stale = Options {
+            stale_temp_after: Duration::ZERO,
+            ..opts()
+        };
+        let mut r = Index::open(d.path(), stale.clone()).unwrap();
+        r.refresh().unwrap();
+        assert!(held.exists(), "a flocked temp survives any reader");
+        drop(f);
+        r.refresh().unwrap();
+        assert!(!held.exists(), "once the flock is gone it is cleaned");
     }
 
     #[test]
@@ -1454,15 +1082,284 @@ mod tests {
         assert_eq!(r.len(), 20);
     }
 
+    /// Write a data file whose entries carry the given stamps (a crafted
+    /// file, checksum and all, as another writer could have made it).
+    fn craft(dir: &Path, name: &str, items: &[(Key, Option<&str>, &str)]) -> PathBuf {
+        let slots: Vec<(Key, Slot)> = items
+            .iter()
+            .map(|(k, v, s)| {
+                (
+                    k.clone(),
+                    Slot {
+                        value: v.map(raw),
+                        stamp: Arc::new(Stamp::parse(s).unwrap()),
+                    },
+                )
+            })
+            .collect();
+        let refs: Vec<(&Key, &Slot)> = slots.iter().map(|(k, s)| (k, s)).collect();
+        let (h, b) = format::encode_file("log", &refs);
+        let p = dir.join(name);
+        fs::write(&p, [h, b].concat()).unwrap();
+        p
+    }
+
+    fn mkfifo(p: &Path) {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+        // SAFETY: valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    }
+
+    /// Every kind of hostile entry named like a data file; returns their names.
+    fn plant_hostile_files(dir: &Path, outside: &Path) -> Vec<String> {
+        use std::os::unix::fs::symlink;
+        let names: Vec<String> = (1..=6)
+            .map(|i| format!("log-0000000000000000000{i}-evil-1-0.json"))
+            .collect();
+        mkfifo(&dir.join(&names[0]));
+        symlink("/dev/zero", dir.join(&names[1])).unwrap();
+        symlink(dir.join("nowhere"), dir.join(&names[2])).unwrap();
+        fs::create_dir(dir.join(&names[3])).unwrap();
+        fs::File::create(dir.join(&names[4]))
+            .unwrap()
+            .set_len(8 << 30)
+            .unwrap();
+        // A valid log outside the folder, linked in.
+        let valid = craft(
+            outside,
+            "log-00000000000000000009-out-1-0.json",
+            &[(
+                Key::new(66, 66, 0, "outside"),
+                Some("\"leak\""),
+                "00000000000000000009-out-1-0",
+            )],
+        );
+        assert!(verify_file(&valid).is_ok());
+        symlink(&valid, dir.join(&names[5])).unwrap();
+        names
+    }
+
     #[test]
-    fn write_atomic_leaves_no_temp_on_failure() {
+    fn hostile_file_types_are_refused_moved_aside_and_never_read() {
         let d = tempfile::tempdir().unwrap();
-        // Renaming onto an existing non-empty folder fails.
-        fs::create_dir(d.path().join("target")).unwrap();
-        fs::write(d.path().join("target").join("x"), b"x").unwrap();
-        let err = write_atomic(d.path(), "target", b"data", "h", false).unwrap_err();
-        assert!(matches!(err, Error::Io { .. }));
-        let names = data_files(d.path());
-        assert_eq!(names, vec!["target".to_owned()]);
+        let outside = tempfile::tempdir().unwrap();
+        let idx = d.path().join("idx");
+        let mut w = Index::open(&idx, opts()).unwrap();
+        w.insert(Key::new(1, 1, 0, "c"), raw("1")).unwrap();
+        w.insert(Key::new(2, 2, 0, "c"), raw("2")).unwrap();
+        let names = plant_hostile_files(&idx, outside.path());
+        let t0 = std::time::Instant::now();
+        let mut r = Index::open(&idx, opts()).unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(5), "open never blocks");
+        assert_eq!(r.len(), 2);
+        assert!(
+            r.get(&Key::new(66, 66, 0, "outside")).is_none(),
+            "symlink not followed"
+        );
+        let problems = r.take_problems();
+        assert_eq!(problems.len(), names.len(), "{problems:#?}");
+        for p in &problems {
+            assert_eq!(p.kind, ProblemKind::Refused, "{p:?}");
+            let aside = p.moved_to.as_ref().expect("moved aside");
+            assert!(aside.to_str().unwrap().contains(".corrupt-"));
+            assert!(fs::symlink_metadata(aside).is_ok());
+        }
+        for n in &names {
+            assert!(fs::symlink_metadata(idx.join(n)).is_err(), "{n} still there");
+        }
+        // The outside file is untouched; the index still works.
+        assert!(outside
+            .path()
+            .join("log-00000000000000000009-out-1-0.json")
+            .exists());
+        r.insert(Key::new(3, 3, 0, "c"), raw("3")).unwrap();
+        assert!(r.compact(Some(Duration::from_secs(5))).unwrap());
+        assert_eq!(Index::open(&idx, opts()).unwrap().len(), 3);
+        assert_eq!(Index::verify(&idx, false).unwrap().1, vec![]);
+    }
+
+    #[test]
+    fn hostile_files_in_a_read_only_handle_are_skipped_and_reported_once() {
+        let d = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let mut w = Index::open(d.path(), opts()).unwrap();
+        w.insert(Key::new(1, 1, 0, "c"), raw("1")).unwrap();
+        let names = plant_hostile_files(d.path(), outside.path());
+        let ro = Options {
+            readonly: true,
+            ..opts()
+        };
+        let mut r = Index::open(d.path(), ro).unwrap();
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.take_problems().len(), names.len());
+        r.refresh().unwrap();
+        assert!(r.take_problems().is_empty());
+        for n in &names {
+            assert!(
+                fs::symlink_metadata(d.path().join(n)).is_ok(),
+                "read-only: left in place"
+            );
+        }
+        // verify reports the same files, and moves them with repair.
+        let (good, problems) = Index::verify(d.path(), false).unwrap();
+        assert_eq!((good, problems.len()), (1, names.len()));
+        assert!(problems.iter().all(|p| p.kind == ProblemKind::Refused));
+        let (_, repaired) = Index::verify(d.path(), true).unwrap();
+        assert!(repaired.iter().all(|p| p.moved_to.is_some()));
+        assert_eq!(Index::verify(d.path(), false).unwrap(), (1, vec![]));
+    }
+
+    #[test]
+    fn a_dangling_symlink_is_not_taken_for_a_vanishing_file() {
+        let d = tempfile::tempdir().unwrap();
+        let name = "log-00000000000000000001-x-1-0.json";
+        std::os::unix::fs::symlink(d.path().join("gone"), d.path().join(name)).unwrap();
+        let ro = Options {
+            readonly: true,
+            ..opts()
+        };
+        // Read-only: it cannot be moved, and still every open works.
+        for _ in 0..3 {
+            let mut r = Index::open(d.path(), ro.clone()).unwrap();
+            assert_eq!(r.take_problems().len(), 1);
+        }
+    }
+
+    #[test]
+    fn a_symlinked_index_folder_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        fs::create_dir(d.path().join("real")).unwrap();
+        std::os::unix::fs::symlink(d.path().join("real"), d.path().join("idx")).unwrap();
+        let err = Index::open(d.path().join("idx"), opts()).unwrap_err();
+        assert!(matches!(err, Error::Refused { .. }), "{err}");
+        assert_eq!(err.path(), Some(d.path().join("idx").as_path()));
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP));
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        assert!(Index::verify(&d.path().join("idx"), false).is_err());
+        // Dangling: refused too, not replaced by a new folder.
+        std::os::unix::fs::symlink(d.path().join("nowhere"), d.path().join("idx2")).unwrap();
+        assert!(Index::open(d.path().join("idx2"), opts()).is_err());
+        assert!(!d.path().join("nowhere").exists());
+    }
+
+    /// Year 5138, in nanoseconds.
+    const YEAR_5138: &str = "99985449600000000000";
+
+    #[test]
+    fn a_far_future_stamp_does_not_freeze_its_key() {
+        let d = tempfile::tempdir().unwrap();
+        let k = Key::new(1, 1, 0, "c");
+        let other = Key::new(2, 2, 0, "c");
+        let fut = format!("{YEAR_5138}-skewed-1-0");
+        craft(
+            d.path(),
+            &format!("log-{fut}.json"),
+            &[
+                (k.clone(), Some("\"future\""), &fut),
+                (other.clone(), Some("\"f2\""), &fut),
+            ],
+        );
+        let mut a = Index::open(d.path(), opts()).unwrap();
+        let problems = a.take_problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].kind, ProblemKind::FutureStamp);
+        assert!(problems[0].moved_to.is_none());
+        assert_eq!(a.get(&k).unwrap().get(), "\"future\"", "valid data is used");
+        // A later insert wins, in this handle and in any other.
+        a.insert(k.clone(), raw("\"now\"")).unwrap();
+        assert_eq!(a.get(&k).unwrap().get(), "\"now\"");
+        let mut b = Index::open(d.path(), opts()).unwrap();
+        assert_eq!(b.get(&k).unwrap().get(), "\"now\"");
+        assert_eq!(b.take_problems().len(), 1, "only the skewed file is reported");
+        // remove() really removes, also after compaction.
+        assert!(b.remove(other.clone()).unwrap());
+        assert!(b.get(&other).is_none());
+        assert!(b.compact(Some(Duration::from_secs(5))).unwrap());
+        let mut c = Index::open(d.path(), opts()).unwrap();
+        assert!(c.get(&other).is_none());
+        assert_eq!(c.get(&k).unwrap().get(), "\"now\"");
+        assert!(c.take_problems().is_empty(), "nothing skewed is left");
+        // A commit of another key is not dragged into the future.
+        c.insert(Key::new(3, 3, 0, "c"), raw("3")).unwrap();
+        let logs: Vec<String> = data_files(d.path())
+            .into_iter()
+            .filter(|n| n.starts_with("log-"))
+            .collect();
+        assert!(logs.iter().all(|n| !n.starts_with("log-9")), "{logs:?}");
+        assert_eq!(verify_file(&d.path().join(&logs[0])).unwrap(), 1);
+    }
+
+    #[test]
+    fn a_stamp_within_the_skew_is_not_reported() {
+        let d = tempfile::tempdir().unwrap();
+        let soon = format!("{:020}-h-1-0", now_nanos() + 60_000_000_000);
+        craft(
+            d.path(),
+            &format!("log-{soon}.json"),
+            &[(Key::new(1, 1, 0, "c"), Some("1"), &soon)],
+        );
+        let mut a = Index::open(d.path(), opts()).unwrap();
+        assert!(a.take_problems().is_empty());
+        let strict = Options {
+            max_clock_skew: Duration::from_secs(1),
+            ..opts()
+        };
+        assert_eq!(Index::open(d.path(), strict).unwrap().take_problems().len(), 1);
+    }
+
+    #[test]
+    fn a_malformed_stamp_makes_the_file_corrupt() {
+        let d = tempfile::tempdir().unwrap();
+        let p = craft(
+            d.path(),
+            "log-1-h.json",
+            &[(Key::new(1, 1, 0, "c"), Some("1"), "00000000000000000001-h-1-0")],
+        );
+        let text = fs::read_to_string(&p).unwrap();
+        let body = text
+            .split_once('\n')
+            .unwrap()
+            .1
+            .trim_end()
+            .replace("00000000000000000001-h", "~~~~-h");
+        let header = format!(
+            "FXPIECE-INDEX v1 blake3={} len={}\n",
+            crate::hash::to_hex(blake3::hash(body.as_bytes()).as_bytes()),
+            body.len()
+        );
+        fs::write(&p, format!("{header}{body}\n")).unwrap();
+        let err = verify_file(&p).unwrap_err();
+        assert!(err.to_string().contains("malformed stamp"), "{err}");
+    }
+
+    #[test]
+    fn too_deep_a_value_is_corrupt_for_verify_and_load_alike() {
+        let d = tempfile::tempdir().unwrap();
+        let s = "00000000000000000001-h-1-0";
+        let ok = format!("{}1{}", "[".repeat(MAX_VALUE_DEPTH), "]".repeat(MAX_VALUE_DEPTH));
+        let deep = format!("{}1{}", "[".repeat(129), "]".repeat(129));
+        let good = craft(
+            d.path(),
+            "log-1-h.json",
+            &[(Key::new(1, 1, 0, "c"), Some(&ok), s)],
+        );
+        let bad = craft(
+            d.path(),
+            "log-2-h.json",
+            &[(Key::new(2, 2, 0, "c"), Some(&deep), s)],
+        );
+        assert!(verify_file(&good).is_ok());
+        assert!(matches!(verify_file(&bad), Err(Error::Corrupt { .. })));
+        let mut a = Index::open(d.path(), opts()).unwrap();
+        let problems = a.take_problems();
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].kind, ProblemKind::Corrupt);
+        assert!(problems[0].reason.contains("deeper than"), "{problems:?}");
+        // What loads can be read back.
+        let v: serde_json::Value =
+            serde_json::from_str(a.get(&Key::new(1, 1, 0, "c")).unwrap().get()).unwrap();
+        assert!(v.is_array());
+        assert!(a.get(&Key::new(2, 2, 0, "c")).is_none());
     }
 }

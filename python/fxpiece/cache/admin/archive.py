@@ -1,0 +1,344 @@
+"""``fxpiece cache pack`` / ``unpack``: move a cache between machines as
+one archive with a checksummed manifest (:mod:`.manifest`)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import lzma
+import os
+import secrets
+import shutil
+import stat
+import tarfile
+import time
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from fxpiece.cache.admin.manifest import (
+    MANIFEST,
+    archive_tops,
+    make_manifest,
+    member_info,
+    read_manifest,
+    refuse,
+    unpack_dir_ok,
+    unpack_path_ok,
+)
+from fxpiece.cache.admin.place import move_all
+from fxpiece.cache.admin.scan import lstat
+from fxpiece.cache.layout import CacheLayout, safe_relpath
+from fxpiece.cache.safeio import file_kind
+from fxpiece.errors import CacheError
+from fxpiece.hashing import hash_files_report
+
+__all__ = ["PackResult", "UnpackResult", "pack_cache", "unpack_cache"]
+
+
+@dataclass(frozen=True, slots=True)
+class PackResult:
+    """The archive :func:`pack_cache` wrote."""
+
+    archive: Path
+    files: int
+    bytes: int
+    """Total size of the packed files (before compression)."""
+    archive_bytes: int
+    skipped: tuple[str, ...] = ()
+    """Paths left out: symlinks (never followed) and unreadable files."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "archive": str(self.archive),
+            "files": self.files,
+            "bytes": self.bytes,
+            "archive_bytes": self.archive_bytes,
+            "skipped": list(self.skipped),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class UnpackResult:
+    """What :func:`unpack_cache` wrote."""
+
+    root: Path
+    written: int
+    unchanged: int
+    """Files already present with the same content."""
+    bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "written": self.written,
+            "unchanged": self.unchanged,
+            "bytes": self.bytes,
+        }
+
+
+# -- pack -------------------------------------------------------------------------
+
+
+def _walk(layout: CacheLayout, base: Path, skipped: list[str]) -> Iterable[str]:
+    for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+        rel_dir = Path(dirpath).relative_to(layout.root).as_posix()
+        keep = []
+        for d in sorted(dirnames):
+            if os.path.islink(os.path.join(dirpath, d)):
+                skipped.append(f"{rel_dir}/{d} (symlink)")
+            elif d != layout.locks_dir.name and not d.startswith("."):
+                keep.append(d)
+        dirnames[:] = keep
+        for name in sorted(filenames):
+            st = lstat(os.path.join(dirpath, name))
+            rel = f"{rel_dir}/{name}"
+            if CacheLayout.is_bookkeeping(name) or st is None:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                skipped.append(f"{rel} ({'symlink' if stat.S_ISLNK(st.st_mode) else 'special'})")
+            elif not safe_relpath(rel):
+                skipped.append(f"{rel} (unsafe name)")
+            else:
+                yield rel
+
+
+def _pack_files(layout: CacheLayout, tops: Iterable[Path], skipped: list[str]) -> list[str]:
+    out: list[str] = []
+    for base in tops:
+        if base.is_symlink():
+            skipped.append(f"{base.name} (symlink)")
+        elif base.is_dir():
+            out.extend(_walk(layout, base, skipped))
+    return out
+
+
+def _tar_mode(path: Path, writing: bool) -> str:
+    name = path.name.lower()
+    comp = ""
+    if name.endswith((".tar.gz", ".tgz")):
+        comp = "gz"
+    elif name.endswith((".tar.bz2", ".tbz2")):
+        comp = "bz2"
+    elif name.endswith((".tar.xz", ".txz")):
+        comp = "xz"
+    if writing:
+        return f"w:{comp}" if comp else "w"
+    return "r:*"
+
+
+def _check_target(root: Path, out: Path) -> None:
+    """Refuse an archive path inside the cache, or one that is not (absent
+    or) a regular file: a device, FIFO, folder or symlink is never replaced."""
+    out_abs, root_abs = out.resolve(), root.resolve()
+    if out_abs == root_abs or root_abs in out_abs.parents:
+        raise CacheError(
+            errno.EINVAL, f"write the archive outside the cache folder {root}", str(out)
+        )
+    st = lstat(out)
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise CacheError(
+            errno.EEXIST,
+            f"{out} is {file_kind(st.st_mode)}, not a regular file; refusing to replace it",
+            str(out),
+        )
+
+
+def _open_packed(path: Path, size: int) -> IO[bytes]:
+    """The regular file at ``path``, still of the size the manifest says."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    src = os.fdopen(fd, "rb")
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+        src.close()
+        raise CacheError(errno.EAGAIN, f"{path} changed while packing; pack again", str(path))
+    return src
+
+
+def _manifest_files(root: Path, rels: list[str], skipped: list[str]) -> list[dict[str, Any]]:
+    report = hash_files_report([str(root / r) for r in rels]) if rels else None
+    by_path = {f.path: f for f in report.files} if report else {}
+    files: list[dict[str, Any]] = []
+    for rel in rels:
+        f = by_path.get(str(root / rel))
+        if f is None or f.digest is None:
+            skipped.append(f"{rel} (unreadable: {f.skipped if f else 'vanished'})")
+            continue
+        files.append({"path": rel, "size": f.size, "blake3": f.digest})
+    return files
+
+
+def _write_tar(root: Path, out: Path, body: bytes, files: list[dict[str, Any]]) -> None:
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(6)}")
+    try:
+        with open(tmp, "xb") as raw:
+            mode = _tar_mode(out, True)
+            with tarfile.open(fileobj=raw, mode=mode, format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+                tar.addfile(member_info(MANIFEST, len(body), time.time()), io.BytesIO(body))
+                for entry in files:
+                    with _open_packed(root / entry["path"], entry["size"]) as src:
+                        mtime = os.fstat(src.fileno()).st_mtime
+                        tar.addfile(member_info(entry["path"], entry["size"], mtime), src)
+            raw.flush()
+            os.fsync(raw.fileno())
+        _check_target(root, out)  # nothing took its place meanwhile
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def pack_cache(
+    root: str | os.PathLike[str],
+    out_file: str | os.PathLike[str],
+) -> PackResult:
+    """Write the cache (``artifacts/``, ``models/``: compiled pieces and
+    their kernel bundles, so a new machine rebuilds nothing) into one tar
+    archive, gzip/bz2/xz by suffix (``.tar.gz``, ``.tgz``...), led by
+    ``manifest.json`` (format version, every file's relative path, size and
+    BLAKE3).
+
+    Paths are relative; symlinks are never followed (they are left out and
+    listed in ``skipped``); locks, leases, temp and quarantined files are
+    left out. The archive is written atomically (temp file + rename); an
+    existing ``out_file`` that is not a regular file is refused, untouched.
+    """
+    layout = CacheLayout(root)
+    out = Path(out_file)
+    if not layout.root.is_dir():
+        raise CacheError(errno.ENOENT, f"no fxpiece cache at {layout.root}", str(layout.root))
+    _check_target(layout.root, out)
+    skipped: list[str] = []
+    rels = _pack_files(layout, archive_tops(layout), skipped)
+    files = _manifest_files(layout.root, rels, skipped)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _write_tar(layout.root, out, make_manifest(files), files)
+    return PackResult(
+        archive=out,
+        files=len(files),
+        bytes=sum(int(e["size"]) for e in files),
+        archive_bytes=out.stat().st_size,
+        skipped=tuple(skipped),
+    )
+
+
+# -- unpack -----------------------------------------------------------------------
+
+
+def _check_members(
+    tar: tarfile.TarFile, arc: Path, files: dict[str, dict[str, Any]]
+) -> list[tarfile.TarInfo]:
+    """The file members, each checked against the manifest; every listed
+    file must be there exactly once."""
+    out: dict[str, tarfile.TarInfo] = {}
+    for m in tar.getmembers():
+        if m.name == MANIFEST or (m.isdir() and unpack_dir_ok(m.name)):
+            continue
+        if not unpack_path_ok(m.name):
+            raise refuse(arc, f"unsafe member path {m.name!r:.200}")
+        if not m.isreg():
+            raise refuse(arc, f"{m.name!r} is a link or special file")
+        if m.name in out:
+            raise refuse(arc, f"{m.name!r} appears twice")
+        want = files.get(m.name)
+        if want is None:
+            raise refuse(arc, f"{m.name!r} is not in the manifest")
+        if want["size"] != m.size:
+            raise refuse(arc, f"{m.name!r} is {m.size} bytes, the manifest says {want['size']}")
+        out[m.name] = m
+    missing = sorted(set(files) - set(out))
+    if missing:
+        raise refuse(arc, f"{len(missing)} manifest files are missing, e.g. {missing[0]!r}")
+    return list(out.values())
+
+
+def _stage(
+    tar: tarfile.TarFile,
+    arc: Path,
+    members: Sequence[tarfile.TarInfo],
+    staging: Path,
+    files: dict[str, dict[str, Any]],
+) -> list[tuple[str, Path]]:
+    """Extract every member into ``staging`` and check it against the manifest."""
+    staged: list[tuple[str, Path]] = []
+    for i, m in enumerate(members):
+        src = tar.extractfile(m)
+        if src is None:
+            raise refuse(arc, f"cannot read {m.name!r}")
+        tmp = staging / f"{i:08d}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+            dst.flush()
+            os.fsync(dst.fileno())
+        staged.append((m.name, tmp))
+    got = {f.path: f for f in hash_files_report([str(t) for _, t in staged]).files}
+    for name, tmp in staged:
+        f = got.get(str(tmp))
+        if f is None or f.digest != files[name]["blake3"] or f.size != files[name]["size"]:
+            raise refuse(arc, f"{name!r} does not match its checksum in the manifest")
+    return staged
+
+
+def _current_digests(root: Path, names: Sequence[str]) -> dict[str, str | None]:
+    present = []
+    for n in names:
+        st = lstat(root / n)
+        if st is not None and stat.S_ISREG(st.st_mode):
+            present.append(n)
+    if not present:
+        return {}
+    by_path = {f.path: f.digest for f in hash_files_report([str(root / n) for n in present]).files}
+    return {n: by_path.get(str(root / n)) for n in present}
+
+
+def _unpack(tar: tarfile.TarFile, arc: Path, root_p: Path) -> UnpackResult:
+    files = read_manifest(tar, arc)
+    members = _check_members(tar, arc, files)
+    root_p.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if root_p.is_symlink():
+        root_p = root_p.resolve()
+    staging = root_p / f".unpack-{os.getpid()}-{secrets.token_hex(6)}"
+    os.mkdir(staging, 0o700)
+    try:
+        staged = _stage(tar, arc, members, staging, files)
+        current = _current_digests(root_p, [n for n, _ in staged])
+        todo = [(n, t) for n, t in staged if current.get(n) != files[n]["blake3"]]
+        move_all(root_p, todo, staging)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return UnpackResult(
+        root=root_p,
+        written=len(todo),
+        unchanged=len(staged) - len(todo),
+        bytes=sum(int(files[m.name]["size"]) for m in members),
+    )
+
+
+def unpack_cache(archive: str | os.PathLike[str], root: str | os.PathLike[str]) -> UnpackResult:
+    """Unpack an archive made by :func:`pack_cache` into the cache ``root``.
+
+    Every member is checked before anything is written: it must be a regular
+    file (no links or devices) with a safe relative path under
+    ``artifacts/`` or ``models/`` (no absolute paths, no
+    ``..``), listed in the manifest with its size; a refused archive raises
+    :class:`ArchiveError`. The files are then extracted into a private
+    staging folder inside ``root`` and their BLAKE3 checked against the
+    manifest; only if all match, and every destination can take its file
+    (no folder, symlink or device in the way), are they renamed into place;
+    a failure midway puts back what was moved. No half-written file is ever
+    visible. Folders are created 0700, files 0600.
+    """
+    arc = Path(archive)
+    if not arc.is_file():
+        raise CacheError(errno.ENOENT, f"no archive at {arc}", str(arc))
+    try:
+        with tarfile.open(arc, mode="r:*") as tar:
+            return _unpack(tar, arc, Path(root))
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as e:
+        why = str(e).splitlines()[0].rstrip(":") if str(e) else type(e).__name__
+        raise refuse(arc, f"not a readable tar archive ({why})") from None

@@ -1,0 +1,195 @@
+"""Hostile inputs beyond the artifacts: lease files and config values."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fxpiece
+from fxpiece.cache.lease import Lease, acquire_or_wait, read_lease
+
+
+@pytest.fixture
+def alarm() -> Iterator[None]:
+    """Fail instead of hanging: anything that blocks is interrupted in 10 s."""
+
+    def boom(*_: object) -> None:
+        raise TimeoutError("blocked")
+
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(10)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def _plant(path: Path, kind: str) -> None:
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev_zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "dangling":
+        path.symlink_to(path.parent / "nowhere")
+    elif kind == "directory":
+        path.mkdir()
+        (path / "x").write_text("x")
+    elif kind == "huge":
+        with open(path, "wb") as f:
+            f.truncate(8 << 30)  # sparse
+    else:
+        path.write_bytes(kind.encode("latin-1"))
+
+
+HOSTILE = ["fifo", "dev_zero", "dangling", "directory", "huge"]
+GARBLED = [
+    "\xff\xfe not utf-8",
+    json.dumps({"host": "h", "pid": 10**30, "token": "t"}),
+    '{"host": "h", "pid": 1e999, "token": "t"}',
+    json.dumps({"host": "h", "pid": "1", "token": "t"}),
+    json.dumps({"host": "h", "pid": 1, "token": ""}),
+    "[" * 4000,  # deeper than the JSON parser goes, under the size cap
+]
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_hostile_lease_is_stale_at_once_and_taken_over(
+    tmp_path: Path, kind: str, alarm: None
+) -> None:
+    p = tmp_path / "d.lease"
+    _plant(p, kind)
+    info = read_lease(str(p))
+    assert info is not None and info.hostile is not None
+    assert Lease.is_stale(info, ttl=30)
+    t0 = time.monotonic()
+    lease = Lease.take_over(str(p), info, ttl=30)
+    assert lease is not None, "the planted file was moved aside and the lease taken"
+    assert time.monotonic() - t0 < 5
+    info2 = read_lease(str(p))
+    assert info2 is not None and info2.token == lease.token and info2.hostile is None
+    lease.release()
+
+
+@pytest.mark.parametrize("text", GARBLED)
+def test_garbled_lease_never_raises_and_gets_only_a_grace_period(
+    tmp_path: Path, text: str, alarm: None
+) -> None:
+    p = tmp_path / "g.lease"
+    _plant(p, text)
+    info = read_lease(str(p))
+    assert info is not None and info.token == "" and info.hostile is None
+    assert not Lease.is_stale(info, ttl=30, grace=5)  # maybe still being written
+    old = time.time() - 60
+    os.utime(p, (old, old))
+    info = read_lease(str(p))
+    assert info is not None and Lease.is_stale(info, ttl=30, grace=5)
+
+
+def test_ttl_written_in_a_foreign_lease_is_ignored(tmp_path: Path, alarm: None) -> None:
+    """A lease claiming ttl=1e308 from another host is stale after *our* ttl."""
+    p = tmp_path / "f.lease"
+    p.write_text(json.dumps({"host": "elsewhere", "pid": 1, "token": "t", "ttl": 1e308}))
+    old = time.time() - 5
+    os.utime(p, (old, old))
+    out = acquire_or_wait(str(p), ttl=2.0, timeout=60, poll=lambda: None)
+    assert out.lease is not None and out.waited_s < 8
+    out.lease.release()
+
+
+def test_waiter_on_a_fifo_lease_does_not_hang(tmp_path: Path, alarm: None) -> None:
+    p = tmp_path / "w.lease"
+    os.mkfifo(p)
+    out = acquire_or_wait(str(p), ttl=30, timeout=60, poll=lambda: None)
+    assert out.lease is not None
+    out.lease.release()
+
+
+# -- config ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_num_tokens", 2**64),
+        ("max_num_tokens", 0),
+        ("compile_sizes", [2**40]),
+        ("cache_dir", "/tmp/a\x00b"),
+        ("lease_ttl", math.inf),
+        ("lease_ttl", math.nan),
+        ("lease_ttl", 1e-9),
+        ("lock_timeout", -1),
+        ("lock_timeout", math.inf),
+        ("splitting_ops", 5),
+        ("splitting_ops", [5]),
+        ("model_tag", "backbone\n"),
+        ("inductor_config", {"epilogue_fusion": object()}),
+        ("inductor_config", {"epilogue_fusion": math.nan}),
+        ("inductor_config", {"no_such_option": 1}),
+        ("strict", "yes"),
+    ],
+)
+def test_bad_config_values_are_refused_naming_the_field(field: str, value: Any) -> None:
+    with pytest.raises(fxpiece.ConfigError) as ei:
+        fxpiece.CompileConfig(**{field: value})
+    assert ei.value.field == field and isinstance(ei.value, fxpiece.FxpieceError)
+
+
+def test_dotted_splitting_op_is_not_imported_while_validating(tmp_path: Path) -> None:
+    mod = tmp_path / "evil_mod_fxp.py"
+    marker = tmp_path / "ran"
+    mod.write_text(f"open({str(marker)!r}, 'w').close()\ndef op(x):\n    return x\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        fxpiece.CompileConfig(splitting_ops=["evil_mod_fxp.op"])
+        fxpiece.CompileConfig.from_env({"FXPIECE_SPLITTING_OPS": "evil_mod_fxp.op"})
+        assert not marker.exists(), "validating a config ran a module's top-level code"
+        assert "evil_mod_fxp" not in sys.modules
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.lists(st.integers(min_value=-5, max_value=2**40), max_size=4),
+)
+_fields = [
+    "max_num_tokens",
+    "compile_sizes",
+    "compile_ranges_endpoints",
+    "lease_ttl",
+    "lock_timeout",
+    "model_tag",
+    "cache_dir",
+    "strict",
+    "compiler",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(_fields), _values, max_size=4))
+def test_config_construction_fuzz(kw: dict[str, Any]) -> None:
+    """Any values: a valid config whose numbers are finite and in range, or a
+    ConfigError naming a field, never anything else."""
+    try:
+        cfg = fxpiece.CompileConfig(**kw)
+    except fxpiece.ConfigError as e:
+        assert e.field in _fields
+        return
+    assert 1 <= cfg.max_num_tokens < 2**31
+    assert all(1 <= s <= cfg.max_num_tokens for s in cfg.compile_sizes)
+    assert math.isfinite(cfg.lease_ttl) and cfg.lease_ttl > 0
+    assert math.isfinite(cfg.lock_timeout) and cfg.lock_timeout > 0

@@ -1,0 +1,56 @@
+"""Multi-graph models: artifacts are shared by digest across Dynamo graphs,
+never replaced, so a warm start compiles nothing and finds nothing corrupt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from conftest import PyRunner
+
+SNIPPET = """
+import json, torch, fxpiece
+torch.manual_seed(0)
+W = torch.randn(8, 8)
+
+def f(x):
+    return torch.mm(torch.sin(x) * 2, W) + 1
+
+def g(x):
+    return torch.mm(torch.sin(x) * 2, W) - 1
+
+cfg = fxpiece.CompileConfig(splitting_ops=[torch.mm], max_num_tokens=16, cache_dir={cache!r})
+before = fxpiece.counters.snapshot()
+x = torch.randn(5, 8)
+cf, cg = fxpiece.compile(f, cfg), fxpiece.compile(g, cfg)
+outs = [cf(x), cg(x)]
+after = fxpiece.counters.snapshot()
+ok = all(torch.allclose(o, r, rtol=1e-5, atol=1e-5) for o, r in zip(outs, [f(x), g(x)]))
+report({{"ok": ok, "outs": [o.tolist() for o in outs],
+         "keys": [c.stats.graphs[0].cache_key for c in (cf, cg)],
+         **{{k: after[k] - before[k] for k in after}}}})
+"""
+
+
+def _run(run_py: PyRunner, cache: Path) -> dict[str, Any]:
+    result: dict[str, Any] = run_py(SNIPPET.format(cache=str(cache)))
+    return result
+
+
+def test_shared_piece_warm_start_compiles_nothing(run_py: PyRunner, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cold = _run(run_py, cache)
+    assert cold["ok"], cold
+    assert cold["keys"][0] != cold["keys"][1], "two graphs, two model keys"
+    # f: sin piece + add piece; g: the sin piece is the same digest (loaded
+    # from f's artifact), only the sub piece compiles.
+    assert cold["num_inductor_compiles"] == 3, cold
+    assert cold["num_corrupt_artifacts"] == 0
+    for _ in range(2):
+        warm = _run(run_py, cache)
+        assert warm["ok"], warm
+        assert warm["num_inductor_compiles"] == 0 and warm["num_corrupt_artifacts"] == 0, warm
+        assert warm["num_cache_hits"] == 4
+        for a, b in zip(warm["outs"], cold["outs"], strict=True):
+            assert torch.equal(torch.tensor(a), torch.tensor(b))

@@ -1,0 +1,129 @@
+"""python/fxpiece/_native.pyi says exactly what the extension does at run
+time: the same names, the same signatures (parameter names, kinds and
+defaults), the same exception hierarchy, and the documented return types."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import inspect
+import pathlib
+import types
+from typing import Any
+
+import pytest
+
+import fxpiece
+from fxpiece import _native as native
+
+STUB = pathlib.Path(fxpiece.__file__).with_name("_native.pyi")
+TREE = ast.parse(STUB.read_text())
+TOP = {n.name: n for n in TREE.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+CLASS = TOP["CacheIndex"]
+assert isinstance(CLASS, ast.ClassDef)
+METHODS = {n.name: n for n in CLASS.body if isinstance(n, ast.FunctionDef)}
+
+
+def _stub_params(fn: ast.FunctionDef, drop_self: bool) -> list[tuple[str, str, Any]]:
+    a = fn.args
+    out: list[tuple[str, str, Any]] = []
+    positional = a.posonlyargs + a.args
+    defaults: list[Any] = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+    for arg, d in zip(positional, defaults, strict=True):
+        out.append(
+            (arg.arg, "positional", ast.literal_eval(d) if d is not None else inspect._empty)
+        )
+    for arg, d in zip(a.kwonlyargs, a.kw_defaults, strict=True):
+        out.append((arg.arg, "keyword", ast.literal_eval(d) if d is not None else inspect._empty))
+    return out[1:] if drop_self else out
+
+
+def _runtime_params(obj: Any, drop_self: bool) -> list[tuple[str, str, Any]]:
+    sig = inspect.signature(obj)
+    params = list(sig.parameters.values())
+    if drop_self:
+        params = params[1:]
+    kinds = {
+        inspect.Parameter.POSITIONAL_ONLY: "positional",
+        inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional",
+        inspect.Parameter.KEYWORD_ONLY: "keyword",
+    }
+    return [(p.name, kinds[p.kind], p.default) for p in params]
+
+
+def test_module_names_match() -> None:
+    stub_names = set(TOP)
+    stub_names |= {
+        t.id
+        for n in TREE.body
+        if isinstance(n, ast.AnnAssign)
+        for t in [n.target]
+        if isinstance(t, ast.Name) and not t.id.startswith("_")
+    }
+    runtime = {n for n in dir(native) if not n.startswith("_")}
+    assert stub_names == runtime
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n, v in TOP.items() if isinstance(v, ast.FunctionDef))
+)
+def test_function_signatures_match(name: str) -> None:
+    fn = TOP[name]
+    assert isinstance(fn, ast.FunctionDef)
+    assert _stub_params(fn, drop_self=False) == _runtime_params(getattr(native, name), False)
+
+
+def test_cache_index_signatures_match() -> None:
+    assert _stub_params(METHODS["__init__"], True) == _runtime_params(native.CacheIndex, False)
+    for name, fn in METHODS.items():
+        if name == "__init__":
+            continue
+        attr = inspect.getattr_static(native.CacheIndex, name)
+        if any(isinstance(d, ast.Name) and d.id == "property" for d in fn.decorator_list):
+            assert isinstance(attr, types.GetSetDescriptorType), name
+            continue
+        stub = _stub_params(fn, True)
+        runtime = _runtime_params(getattr(native.CacheIndex, name), True)
+        if name.startswith("__"):  # dunders are positional-only at run time
+            assert [p[0] for p in stub] == [p[0] for p in runtime], name
+        else:
+            assert stub == runtime, name
+    runtime_methods = {
+        n
+        for n, v in vars(native.CacheIndex).items()
+        if not n.startswith("_") or n in {"__contains__", "__len__", "__repr__"}
+    }
+    assert runtime_methods == set(METHODS) - {"__init__"}
+
+
+def test_native_errors_are_the_python_classes(tmp_path: pathlib.Path) -> None:
+    """The exception hierarchy lives in fxpiece.errors; the native core raises
+    those very classes (and exports none of its own)."""
+    import fxpiece.errors as errors
+
+    assert not any(isinstance(n, ast.ClassDef) and n.name != "CacheIndex" for n in TREE.body)
+    for name in ("CacheError", "CorruptIndexError", "LockTimeoutError", "CacheWarning"):
+        assert not hasattr(native, name), name
+    bad = tmp_path / "log-1-x-1-0.json"
+    bad.write_bytes(b"garbage")
+    with pytest.raises(errors.CorruptIndexError) as ei:
+        native.verify_index_file(bad)
+    assert isinstance(ei.value, errors.FxpieceError) and isinstance(ei.value, OSError)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(errors.CacheError) as e2:
+        native.CacheIndex(tmp_path / "file" / "index")
+    assert e2.value.filename is not None
+
+
+def test_documented_return_types(tmp_path: pathlib.Path) -> None:
+    idx = native.CacheIndex(tmp_path / "index")
+    assert type(idx.path) is str and idx.path == str(tmp_path / "index")
+    assert type(idx.host) is str and idx.host == native.this_host()
+    assert type(repr(idx)) is str
+    assert type(native.FORMAT_VERSION) is int
+    assert type(native.pid_alive(1)) is bool
+    f = tmp_path / "f"
+    f.write_bytes(b"x")
+    assert type(native.read_regular_file(f, 10)) is bytes
+    assert type(native.quarantine(f)) is str
+    assert native.quarantine(f) is None

@@ -4,7 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: demo test install lint rust-test py-test bench
+# The compatibility job: the oldest supported torch (pinned in .ci/torch-oldest.txt)
+# in its own venv, running the core tests (pytest -m compat).
+COMPAT_VENV ?= .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+TORCH_OLDEST := .ci/torch-oldest.txt
+
+.PHONY: demo test install lint rust-test py-test bench test-compat compat-install
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +35,19 @@ py-test: install
 	$(PY) -m pytest -q --durations=15
 
 test: install rust-test lint py-test
+
+$(COMPAT_PY):
+	$(PYTHON) -m venv $(COMPAT_VENV)
+
+# torch from the constraints file; pip reuses its download cache. fxpiece is built
+# without build isolation (maturin is installed here), so nothing else is fetched.
+compat-install: $(COMPAT_PY)
+	$(COMPAT_PY) -m pip install --quiet -c $(TORCH_OLDEST) torch "maturin>=1.7,<2" "pytest>=8" numpy "hypothesis>=6"
+	$(COMPAT_PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(COMPAT_PY) -c "import torch; print('test-compat: torch', torch.__version__)"
+
+test-compat: compat-install
+	$(COMPAT_PY) -m pytest -q -m compat -p no:cacheprovider --durations=10
 
 demo: install
 	$(PY) -m fxpiece demo

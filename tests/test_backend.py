@@ -36,6 +36,8 @@ from conftest import (
 import fxpiece
 from fxpiece import CacheIndex, CompileConfig, ConfigError, Range, SizeOutOfRangeError
 from fxpiece.cache.keys import KERNELS_KEY
+from fxpiece.piecewise import _torch_compat
+from fxpiece.piecewise.factors import config_factors
 from fxpiece.toy_llama import ATTENTION_OP
 
 ATT = ATTENTION_OP
@@ -103,6 +105,7 @@ def factors_diff(folder_a: str | Path, folder_b: str | Path) -> str:
 # -- counters, outputs, pieces (eager) ---------------------------------------
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("layers", [0, 1, 3])
 def test_counters_and_outputs_eager(layers: int) -> None:
     model = make_toy(layers)
@@ -328,6 +331,7 @@ def ranges_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     return ns
 
 
+@pytest.mark.compat
 def test_ranges_compile_counts(ranges_run: SimpleNamespace) -> None:
     r = ranges_run.result
     entries = len(RANGE_ENTRIES)
@@ -357,11 +361,13 @@ def test_ranges_compile_counts(ranges_run: SimpleNamespace) -> None:
             assert p.entries == [str(e) for e in RANGE_ENTRIES]
 
 
+@pytest.mark.compat
 def test_ranges_pass_sees_each_compile_range(ranges_run: SimpleNamespace) -> None:
     seen = ranges_run.result["pass_seen"]
     assert Counter(seen) == {str(e): 3 for e in RANGE_ENTRIES}
 
 
+@pytest.mark.compat
 def test_ranges_entry_chosen_per_token_count(ranges_run: SimpleNamespace) -> None:
     want = {
         1: Range(1, 8),
@@ -380,6 +386,7 @@ def test_ranges_entry_chosen_per_token_count(ranges_run: SimpleNamespace) -> Non
         assert r.chosen == want, r.index
 
 
+@pytest.mark.compat
 def test_ranges_outputs_match_eager(ranges_run: SimpleNamespace) -> None:
     for n in RANGE_SIZES:
         out = ranges_run.outs[n]
@@ -387,6 +394,7 @@ def test_ranges_outputs_match_eager(ranges_run: SimpleNamespace) -> None:
         torch.testing.assert_close(out, ranges_run.ref[n], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.compat
 def test_ranges_no_recompiles_across_sizes(ranges_run: SimpleNamespace) -> None:
     assert ranges_run.result["diff"]["num_graphs_seen"] == 1
     assert "num_graphs_seen" not in ranges_run.first_200[1]
@@ -394,6 +402,7 @@ def test_ranges_no_recompiles_across_sizes(ranges_run: SimpleNamespace) -> None:
     assert len(ranges_run.cm.stats.graphs) == 1
 
 
+@pytest.mark.compat
 def test_size_outside_every_range_runs_uncompiled(ranges_run: SimpleNamespace) -> None:
     warned, diff, outs = ranges_run.first_200
     # One warning per compiled piece, on its first out-of-range size only.
@@ -439,6 +448,7 @@ def test_cache_folder_files_and_relative_handles(ranges_run: SimpleNamespace) ->
         assert (cache / artifact).is_file(), artifact
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_warm_start_inductor_fresh_process(
     ranges_run: SimpleNamespace, run_py: PyRunner, tmp_path: Path
@@ -535,6 +545,7 @@ def fx_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     return SimpleNamespace(root=root, cache=root / "cache", result=result, **keep)
 
 
+@pytest.mark.compat
 def test_fx_cache_cold_compile(fx_run: SimpleNamespace) -> None:
     d = fx_run.result["diff"]
     assert d["num_backend_compilations"] == 4
@@ -555,6 +566,7 @@ def test_fx_cache_cold_compile(fx_run: SimpleNamespace) -> None:
             assert set(value["handle"]) == {"fx_graph_cache_key"}
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_warm_start_fx_cache_fresh_process_moved_folder(
     fx_run: SimpleNamespace, run_py: PyRunner, tmp_path: Path
@@ -577,6 +589,7 @@ def test_warm_start_fx_cache_fresh_process_moved_folder(
 # -- BF16 through Inductor ---------------------------------------------------------
 
 
+@pytest.mark.compat
 def test_bf16_inductor_matches_eager(cache_root: Path) -> None:
     model = make_toy(1, "bfloat16")
     cfg = CompileConfig(
@@ -594,6 +607,87 @@ def test_bf16_inductor_matches_eager(cache_root: Path) -> None:
             ref = run(model, n)
             torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
     assert not cache_root.exists(), snapshot_files(cache_root)
+
+
+# -- token dims: backed and unbacked (config.dynamic) ------------------------------
+
+
+class TokenModel(torch.nn.Module):
+    """Handles 0 tokens (the toy Llama's ``view(t, h, -1)`` cannot, eager
+    included); its bias add broadcasts over the token dim."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x)) * x.shape[0]
+
+
+TOKEN_SIZES = [3, 1, 0, 9, 2]
+
+
+def _token_run(cfg: CompileConfig, sizes: list[int]) -> tuple[Any, dict[str, int]]:
+    model = TokenModel().eval()
+    cm = fxpiece.compile(model, cfg)
+    before = fxpiece.counters.snapshot()
+    with (
+        torch.no_grad(),
+        pytest.warns(RuntimeWarning, match=r"token count 0\b.* is outside every compiled entry"),
+    ):
+        for n in sizes:
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(cm(x), model(x))
+    return cm, counter_diff(before, fxpiece.counters.snapshot())
+
+
+def _token_config(**kw: Any) -> CompileConfig:
+    base: dict[str, Any] = {
+        "compile_ranges_endpoints": [8],
+        "max_num_tokens": 32,
+        "disable_cache": True,
+    }
+    return CompileConfig(**(base | kw))
+
+
+@pytest.mark.compat
+def test_dynamic_auto_resolves_per_torch() -> None:
+    assert _torch_compat.resolve_dynamic("auto") == "unbacked"
+    assert _torch_compat.resolve_dynamic("backed") == "backed"
+    assert config_factors(CompileConfig())["dynamic"] == "unbacked"
+    assert config_factors(CompileConfig(dynamic="backed"))["dynamic"] == "backed"
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("mode", ["unbacked", "backed"])
+@pytest.mark.parametrize("first", [3, 1, 0])
+def test_one_graph_for_every_token_count_eager(mode: str, first: int) -> None:
+    """Dynamo specialises neither 0 nor 1 in either mode (backed dims are
+    traced with backed_size_oblivious); 0 is outside every range, so it
+    runs uncompiled."""
+    sizes = [first, *[n for n in TOKEN_SIZES if n != first]]
+    cm, diff = _token_run(_token_config(compiler="eager", dynamic=mode), sizes)
+    assert_counts(diff, num_graphs_seen=1, num_eager_compiles=2, num_uncompiled_runs=1)
+    (runner,) = cm.stats.graphs[0].runners
+    assert runner.chosen[0] is None and runner.chosen[1] == Range(1, 8)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("mode", ["unbacked", "backed"])
+def test_token_counts_0_and_1_with_inductor(mode: str) -> None:
+    """Unbacked: one graph. Backed: one graph too, except where Inductor
+    guards the token count against 1 on every broadcast (torch 2.9): there 1
+    gets a graph of its own, served by the same artifacts (no extra Inductor
+    compile), and 0 shares the other graph."""
+    cm, diff = _token_run(_token_config(compiler="inductor", dynamic=mode), TOKEN_SIZES)
+    own_graph_for_1 = mode == "backed" and _torch_compat.inductor_guards_size_one()
+    graphs = 2 if own_graph_for_1 else 1
+    assert_counts(diff, num_graphs_seen=graphs, num_inductor_compiles=2, num_uncompiled_runs=1)
+    assert len(cm.stats.graphs) == graphs
+    if own_graph_for_1:  # graph 0 served 3 (the first call), graph 1 served 1
+        assert [r.chosen.get(1) for r in cm.stats.graphs[1].runners] == [Range(1, 8)]
+        assert [r.chosen.get(3) for r in cm.stats.graphs[1].runners] == [None]
 
 
 # -- eager cache: warm start and key truth -------------------------------------------
@@ -679,6 +773,8 @@ KEY_BASE: dict[str, Any] = {"inductor_config": {"max_autotune": False}}
         ({"inductor_config": {"max_autotune": True}}, False),
         ({"splitting_ops": [ATT, "aten::mm"]}, False),
         ({"pass": "b"}, False),
+        ({"dynamic": "unbacked"}, True),  # what "auto" is on torch 2.9 to 2.15
+        ({"dynamic": "backed"}, False),
     ],
     ids=lambda v: json.dumps(v) if isinstance(v, dict) else str(v),
 )

@@ -18,6 +18,10 @@ from fxpiece.toy_llama import ATTENTION_OP
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 
+# Cheap and torch-version sensitive (config, env, Range semantics): run by
+# `make test-compat` on the oldest supported torch too.
+pytestmark = pytest.mark.compat
+
 
 class NopPass(fxpiece.InductorPass):
     def __call__(self, graph: torch.fx.Graph) -> None:
@@ -70,6 +74,11 @@ class NopPass(fxpiece.InductorPass):
         ("use_inductor_graph_partition", None),
         ("strict", "true"),
         ("static_graph_wrapper", 42),
+        ("dynamic", "static"),
+        ("dynamic", "Backed"),
+        ("dynamic", ""),
+        ("dynamic", None),
+        ("dynamic", True),
     ],
 )
 def test_bad_field_raises_config_error_naming_it(field: str, value: Any) -> None:
@@ -117,6 +126,8 @@ def test_good_values_are_accepted() -> None:
     assert cfg.compiler_name == "eager"
     for name in ("inductor", "inductor-fx-cache", "eager"):
         assert CompileConfig(compiler=name).compiler_name == name
+    for mode in ("auto", "backed", "unbacked"):
+        assert CompileConfig(dynamic=mode).dynamic == mode
 
 
 def test_frozen_and_keyword_only() -> None:
@@ -173,6 +184,7 @@ def test_defaults() -> None:
     assert cfg.resolved_cache_dir() == Path.home() / ".cache" / "fxpiece"
     assert not cfg.disable_cache and not cfg.strict and not cfg.use_inductor_graph_partition
     assert cfg.compile_ranges == (Range(1, 8192),)
+    assert cfg.dynamic == "auto"
 
 
 # -- ranges --------------------------------------------------------------------
@@ -260,6 +272,7 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
         "FXPIECE_MAX_NUM_TOKENS": "128",
         "FXPIECE_MODEL_TAG": "encoder",
         "FXPIECE_STRICT": "yes",
+        "FXPIECE_DYNAMIC": " Backed ",
         "UNRELATED": "x",
     }
     cfg = CompileConfig.from_env(env)
@@ -273,6 +286,8 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
     assert cfg.max_num_tokens == 128
     assert cfg.model_tag == "encoder"
     assert cfg.strict is True
+    assert cfg.dynamic == "backed"
+    assert CompileConfig.from_env({"FXPIECE_DYNAMIC": "unbacked"}).dynamic == "unbacked"
     over = CompileConfig.from_env(env, compiler="inductor", strict=False)
     assert over.compiler == "inductor" and over.strict is False and over.max_num_tokens == 128
 
@@ -311,6 +326,7 @@ def test_from_env_uses_the_mapping_not_os_environ(monkeypatch: pytest.MonkeyPatc
         ("FXPIECE_COMPILE_SIZES", "0", "compile_sizes"),
         ("FXPIECE_MAX_NUM_TOKENS", "0", "max_num_tokens"),
         ("FXPIECE_SPLITTING_OPS", "aten::no_such_op_xyz", "splitting_ops"),
+        ("FXPIECE_DYNAMIC", "static", "dynamic"),
     ],
 )
 def test_from_env_bad_values(var: str, raw: str, field: str) -> None:

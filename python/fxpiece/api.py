@@ -56,12 +56,13 @@ class CompiledModel:
                         "dynamic_arg_dims",
                         f"argument {key!r} has {value.dim()} dims; dim {d} does not exist",
                     )
-                _torch_compat.mark_token_dim(value, d)
+                _torch_compat.mark_token_dim(value, d, self.backend.config.dynamic)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._mark(args, kwargs)
         try:
-            return self._compiled(*args, **kwargs)
+            with _torch_compat.token_dims_context(self.backend.config.dynamic):
+                return self._compiled(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as e:
             # Surface our own typed errors (CacheError, ConfigError, ...) as
             # themselves rather than wrapped by Dynamo.
@@ -81,8 +82,9 @@ def compile(
 
     ``dynamic_arg_dims`` maps argument positions (or keyword names) to the
     dims that vary with the token count; by default dim 0 of every tensor
-    argument. Those dims are marked dynamic on every call, so one graph serves
-    every token count. ``backend_cls`` chooses the backend class (e.g.
+    argument. Those dims are marked dynamic on every call (backed or unbacked:
+    ``config.dynamic``), so one graph serves every token count, 0 and 1
+    included. ``backend_cls`` chooses the backend class (e.g.
     :class:`fxpiece.distributed.DistributedBackend`).
 
     >>> import torch, fxpiece

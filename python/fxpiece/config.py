@@ -30,12 +30,15 @@ if TYPE_CHECKING:
     from fxpiece.piecewise.interface import CompilerInterface
     from fxpiece.piecewise.passes import InductorPass
 
-__all__ = ["BUILTIN_COMPILERS", "CompileConfig", "default_cache_root"]
+__all__ = ["BUILTIN_COMPILERS", "DYNAMIC_MODES", "CompileConfig", "default_cache_root"]
 
 MAX_TOKENS = 2**31 - 1
 """Largest token count (sizes are int32 in Inductor's generated code)."""
 
 BUILTIN_COMPILERS = ("inductor", "inductor-fx-cache", "eager")
+
+DYNAMIC_MODES = ("auto", "backed", "unbacked")
+"""Values of ``dynamic`` (torch-free here; ``_torch_compat`` resolves them)."""
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -155,6 +158,13 @@ class CompileConfig:
     static_graph_wrapper: Callable[..., Any] | None = None
     """Per-piece wrapper factory ``wrapper(fn, piece_index, entry) -> callable``
     (CUDA graphs on GPU); see :mod:`fxpiece.wrappers`."""
+    dynamic: str = "auto"
+    """How :func:`fxpiece.compile` makes token dims dynamic: ``"unbacked"``
+    (``mark_unbacked``: no hint, never specialised), ``"backed"``
+    (``mark_dynamic`` traced with ``backed_size_oblivious``, so 0 and 1 are
+    not specialised either), or ``"auto"`` (what works on the installed
+    torch: ``"unbacked"`` on 2.9 to 2.15). Either way one graph serves every
+    token count, 0 and 1 included."""
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -252,6 +262,10 @@ class CompileConfig:
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
         _seconds("lock_timeout", self.lock_timeout, 0.001, 7 * 86400.0)
         _seconds("lease_ttl", self.lease_ttl, 0.5, 86400.0)
+        if self.dynamic not in DYNAMIC_MODES:
+            raise ConfigError(
+                "dynamic", f"must be one of {', '.join(DYNAMIC_MODES)}, got {self.dynamic!r}"
+            )
         if self.static_graph_wrapper is not None and not callable(self.static_graph_wrapper):
             raise ConfigError("static_graph_wrapper", "must be a callable (a class or factory)")
         # Resolve op names now so a typo fails here, not at compile time (a
@@ -292,7 +306,7 @@ class CompileConfig:
         ``FXPIECE_COMPILE_RANGES_ENDPOINTS``, ``FXPIECE_MAX_NUM_TOKENS``,
         ``FXPIECE_MODEL_TAG``, ``FXPIECE_STRICT``, ``FXPIECE_REQUIRE_CACHE_HIT``,
         ``FXPIECE_CACHE_READONLY``,
-        ``FXPIECE_ALLOW_UNTRUSTED_CACHE``.
+        ``FXPIECE_ALLOW_UNTRUSTED_CACHE``, ``FXPIECE_DYNAMIC``.
         """
         e = os.environ if env is None else env
         kw: dict[str, Any] = {}
@@ -322,6 +336,8 @@ class CompileConfig:
             kw["strict"] = _flag("FXPIECE_STRICT", e["FXPIECE_STRICT"])
         if e.get("FXPIECE_COMPILER"):
             kw["compiler"] = e["FXPIECE_COMPILER"]
+        if e.get("FXPIECE_DYNAMIC"):
+            kw["dynamic"] = e["FXPIECE_DYNAMIC"].strip().lower()
         if e.get("FXPIECE_MODEL_TAG"):
             kw["model_tag"] = e["FXPIECE_MODEL_TAG"]
         if "FXPIECE_SPLITTING_OPS" in e:

@@ -1,8 +1,8 @@
 """Everything that touches torch internals whose names move between releases.
 
-Tested against torch 2.15 (the version CI installs); the supported range is
-declared in ``pyproject.toml``. Other modules import torch internals only
-through here.
+Tested against torch 2.15.0 (``make test``) and 2.9.1, the oldest release
+of the range declared in ``pyproject.toml`` (``make test-compat``); 2.13.0
+was checked by hand. Other modules import torch internals only through here.
 """
 
 from __future__ import annotations
@@ -16,7 +16,11 @@ from typing import Any
 import torch
 import torch.fx
 
+from fxpiece.config import DYNAMIC_MODES
+
 __all__ = [
+    "DYNAMIC_MODES",
+    "VERIFIED_TORCH",
     "CustomGraphPassBase",
     "compile_standalone",
     "cpp_compiler",
@@ -28,10 +32,14 @@ __all__ = [
     "inductor_cache_dir",
     "inductor_config_patch",
     "inductor_config_portable",
+    "inductor_guards_size_one",
     "inductor_option_names",
     "load_standalone_bytes",
+    "mark_token_dim",
     "marked_dims",
+    "resolve_dynamic",
     "standalone_bytes",
+    "token_dims_context",
     "traced_files",
 ]
 
@@ -306,12 +314,79 @@ def load_fx_cached(key: str, example_inputs: Sequence[Any]) -> Callable[..., Any
     return out
 
 
-def mark_token_dim(t: torch.Tensor, dim: int) -> None:
-    """Mark ``dim`` of ``t`` as the token dimension: one graph for every
-    size, 0 and 1 included (unbacked, so never specialised)."""
-    from torch._dynamo.decorators import mark_unbacked
+VERIFIED_TORCH = ("2.9.1", "2.13.0", "2.15.0")
+"""The torch releases the backend's tests were run against (``make test`` and
+``make test-compat``); the declared range is in ``pyproject.toml``."""
 
-    mark_unbacked(t, dim)
+
+def resolve_dynamic(mode: str) -> str:
+    """``"backed"`` or ``"unbacked"``: what ``mode`` means on the installed torch.
+
+    ``"auto"`` is ``"unbacked"`` on every release in the declared range
+    (2.9 to 2.15; verified on :data:`VERIFIED_TORCH`): unbacked sizes are
+    never specialised, so one graph serves every token count without
+    touching Dynamo's global config. Both modes give one graph for every
+    token count, 0 and 1 included, on those releases."""
+    if mode not in DYNAMIC_MODES:
+        raise ValueError(f"unknown dynamic mode {mode!r}; use one of {DYNAMIC_MODES}")
+    if mode != "auto":
+        return mode
+    return "unbacked"
+
+
+def mark_token_dim(t: torch.Tensor, dim: int, mode: str = "auto") -> None:
+    """Mark ``dim`` of ``t`` as the token dimension (``mode``: see
+    :func:`resolve_dynamic`).
+
+    - ``"unbacked"``: ``mark_unbacked``; the size has no hint and is never
+      specialised, so 0 and 1 go through the one graph.
+    - ``"backed"``: ``mark_dynamic``; Dynamo would specialise sizes 0 and 1
+      (each its own graph), unless the call runs under
+      :func:`token_dims_context` (``backed_size_oblivious``), which
+      :class:`fxpiece.api.CompiledModel` does; Inductor may still guard the
+      size against 1 (:func:`inductor_guards_size_one`)."""
+    if resolve_dynamic(mode) == "unbacked":
+        from torch._dynamo.decorators import mark_unbacked
+
+        mark_unbacked(t, dim)
+    else:
+        torch._dynamo.mark_dynamic(t, dim)
+
+
+def inductor_guards_size_one() -> bool:
+    """Whether Inductor guards a backed size against 1 on every broadcast,
+    equal shapes included (``broadcast_symbolic_shapes`` without the
+    equal-shapes shortcut: torch 2.9.1; not 2.13.0 nor 2.15.0). Then, with
+    backed token dims, a token count of 1 always gets a Dynamo graph of its
+    own (the guard's value is the first call's size). Newer releases guard
+    only when a broadcast really mixes the token dim with a size-1 dim."""
+    import inspect
+
+    from torch._inductor import lowering
+
+    try:
+        src = inspect.getsource(lowering.broadcast_symbolic_shapes)
+    except (OSError, TypeError):  # pragma: no cover - no source shipped
+        return True
+    return "a == b" not in src
+
+
+@contextlib.contextmanager
+def token_dims_context(mode: str = "auto") -> Iterator[None]:
+    """What a call with token dims marked in ``mode`` runs under (Dynamo
+    traces inside it). For backed dims: symbolic shapes'
+    ``backed_size_oblivious``, so a backed size is not specialised when it
+    is 0 or 1 (one graph for every token count, as with unbacked dims; the
+    option exists, under that name, in torch 2.9 to 2.15). Nothing for
+    unbacked dims."""
+    if resolve_dynamic(mode) == "unbacked":
+        yield
+        return
+    from torch.fx.experimental import _config as fx_config
+
+    # ``patch`` is installed at import by ``install_config_module`` (untyped).
+    with fx_config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]
+        yield
 
 
 # -- what enters the cache key --------------------------------------------------

@@ -53,6 +53,20 @@ def unpacking(fn: Callable[..., Any], returns_tuple: bool) -> Callable[..., Any]
     return call_single
 
 
+def is_symbolic(example_inputs: Sequence[Any]) -> bool:
+    """Whether any input has a symbolic size: such inputs are compiled with
+    the tracing context's shapes, even for an exact size whose concrete
+    inputs could not be made (another symbol remains)."""
+    for a in example_inputs:
+        if isinstance(a, torch.SymInt):
+            return True
+        if isinstance(a, torch.Tensor) and any(
+            isinstance(d, torch.SymInt) for d in (*a.shape, *a.stride())
+        ):
+            return True
+    return False
+
+
 def _options(ctx: CompileContext) -> dict[str, Any]:
     opts = dict(ctx.inductor_config)
     if ctx.post_grad_pass is not None:
@@ -106,7 +120,7 @@ class InductorStandaloneCompiler(CompilerInterface):
         entry: Range,
         ctx: CompileContext,
     ) -> CompileResult:
-        dynamic = not entry.is_single_size
+        dynamic = not entry.is_single_size or is_symbolic(example_inputs)
         with compiling_range(entry), _torch_compat.inductor_config_patch(_options(ctx)):
             art = _torch_compat.compile_standalone(
                 graph, example_inputs, dynamic=dynamic, options={}
@@ -160,7 +174,10 @@ class InductorFxCacheCompiler(InductorStandaloneCompiler):
     ) -> CompileResult:
         with compiling_range(entry):
             fn, key = _torch_compat.compile_fx_cached(
-                graph, example_inputs, dynamic=not entry.is_single_size, options=_options(ctx)
+                graph,
+                example_inputs,
+                dynamic=not entry.is_single_size or is_symbolic(example_inputs),
+                options=_options(ctx),
             )
         handle = {"fx_graph_cache_key": key} if ctx.store is not None and key else None
         return CompileResult(unpacking(fn, graph_returns_tuple(graph)), handle)

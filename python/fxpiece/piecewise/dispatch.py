@@ -72,7 +72,11 @@ def _subst(v: Any, sym: Any, size: int) -> int | None:
         expr = v.node.expr
         if isinstance(expr, int):
             return expr
+        # xreplace returns the replacement itself (a Python int) when the
+        # whole expression is the token symbol, a sympy number otherwise.
         expr = expr.xreplace({sym: size})  # type: ignore[no-untyped-call]
+        if isinstance(expr, int):
+            return expr
         return int(expr) if getattr(expr, "is_number", False) else None
     return None
 

@@ -103,6 +103,8 @@ def config_factors(config: CompileConfig) -> dict[str, Any]:
         },
         "post_grad_passes": [p.uuid() for p in config.post_grad_passes],
         "use_inductor_graph_partition": config.use_inductor_graph_partition,
+        # Backed and unbacked token dims trace different graphs.
+        "dynamic": _torch_compat.resolve_dynamic(config.dynamic),
     }
 
 

@@ -72,7 +72,9 @@ def _dim_sizes(node: torch.fx.Node) -> list[Any] | None:
     ev = node.meta.get("example_value")
     if ev is None:
         ev = node.meta.get("val")
-    if isinstance(ev, torch.Size | tuple | list):
+    # Some producers (FakeTensorProp in torch 2.9) record the plain ints of a
+    # size as None: the source tensor's shape is the better record then.
+    if isinstance(ev, torch.Size | tuple | list) and all(d is not None for d in ev):
         return list(ev)
     src = node.args[0]
     if isinstance(src, torch.fx.Node):

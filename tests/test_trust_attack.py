@@ -170,6 +170,17 @@ def test_artifact_planted_in_a_writable_folder_is_refused(
     r = warm(run_py, victim, tmp_path / "warm.pt")
     assert not r["ok"] and r["type"] == "UntrustedCacheError", r
     assert r["filename"] == str(shard) and "chmod go-w" in r["msg"], r
+    # `fxpiece cache verify` reports the same paths the backend refuses.
+    v = subprocess.run(
+        [sys.executable, "-m", "fxpiece", "cache", "verify", str(victim)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert v.returncode == 1, v.stdout + v.stderr
+    untrusted = [ln for ln in v.stdout.splitlines() if ln.startswith("UNTRUSTED")]
+    assert any(str(shard) in ln for ln in untrusted), v.stdout
+    assert any(str(target) in ln and "uid 65534" in ln for ln in untrusted), v.stdout
     # Overridden on purpose: the planted artifact fails its checksum and is recompiled.
     r = warm(run_py, victim, tmp_path / "warm.pt", allow_untrusted_cache=True)
     assert r["ok"], r

@@ -270,7 +270,9 @@ def _cmd_verify(a: argparse.Namespace) -> int:
         )
     for w in report.warnings:
         print(f"warning: {w}")
-    n = len(report.problems) + report.index_problems
+    for u in report.untrusted:
+        print(f"UNTRUSTED  {u}")
+    n = len(report.problems) + report.index_problems + len(report.untrusted)
     if report.ok:
         print("OK")
     elif report.repaired:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from fxpiece.cache.index import CacheIndex, write_atomic
 from fxpiece.cache.layout import CacheLayout
+from fxpiece.cache.safeio import read_regular
 from fxpiece.cache.store import ArtifactStore
-from fxpiece.cache.trust import check_parents, check_stat, check_trusted, ensure_private_dir
+from fxpiece.cache.trust import check_tree, ensure_private_dir
 from fxpiece.context import validate_path_part
 
 __all__ = ["ModelCache"]
@@ -50,40 +49,24 @@ class ModelCache:
     def _check_trusted(self, index: Path) -> None:
         """Every folder code or entries are loaded from, the files of the
         index, and every folder above the root (see :mod:`fxpiece.cache.trust`)."""
-        root = self.layout.root
-        check_parents(root)
-        try:
-            check_stat(root, os.stat(root))  # the root itself may be a symlink you made
-        except FileNotFoundError:
-            return
-        for folder in (
-            self.layout.artifacts_dir,
-            self.layout.models_dir,
-            self.layout.locks_dir,
-            self.folder.parent,
-            self.folder,
-            index,
-        ):
-            check_trusted(folder)
-        try:
-            entries = list(os.scandir(index))
-        except OSError:
-            return
-        for e in entries:
-            with contextlib.suppress(OSError):
-                check_stat(Path(e.path), e.stat(follow_symlinks=False), "index file")
+        lay = self.layout
+        folders = (lay.artifacts_dir, lay.models_dir, lay.locks_dir, self.folder.parent)
+        check_tree(lay.root, (*folders, self.folder, index), files_in=(index,))
 
     @property
     def root(self) -> Path:
         return self.layout.root
 
     def _write_text(self, path: Path, text: str) -> None:
+        """Write ``text`` unless the file already holds it (read safely: the
+        file may be anything; whatever it is, it is replaced atomically)."""
+        data = text.encode()
         try:
-            if path.read_text() == text:
+            if read_regular(path, len(data)) == data:
                 return
         except OSError:
             pass
-        write_atomic(str(path), text.encode())
+        write_atomic(str(path), data)
 
     def write_graph(self, text: str) -> None:
         self._write_text(self.layout.graph_file(self.folder), text)

@@ -11,11 +11,20 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from fxpiece.cache.layout import CacheLayout
 from fxpiece.errors import CacheError, UntrustedCacheError
 
-__all__ = ["check_parents", "check_stat", "check_trusted", "ensure_private_dir"]
+__all__ = [
+    "check_parents",
+    "check_stat",
+    "check_tree",
+    "check_trusted",
+    "ensure_private_dir",
+    "find_untrusted",
+]
 
 
 def ensure_private_dir(path: Path) -> Path:
@@ -109,3 +118,62 @@ def check_parents(root: Path) -> None:
                 "could swap the cache root",
                 f"chmod go-w {parent} (or chmod +t {parent})",
             )
+
+
+def check_tree(root: Path, folders: Iterable[Path], files_in: Iterable[Path] = ()) -> None:
+    """The trust checks the backend runs before loading: every folder above
+    ``root`` (:func:`check_parents`), ``root`` itself (it may be a symlink you
+    made), each of ``folders`` (:func:`check_trusted`) and every entry of each
+    of ``files_in``. Raises the first :class:`UntrustedCacheError`."""
+    check_parents(root)
+    try:
+        check_stat(root, os.stat(root))
+    except FileNotFoundError:
+        return
+    for folder in folders:
+        check_trusted(folder)
+    for folder in files_in:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if not stat.S_ISLNK(st.st_mode):  # symlinks are never followed (refused by the reader)
+                check_stat(Path(e.path), st, "file")
+
+
+def find_untrusted(root: Path) -> list[UntrustedCacheError]:
+    """Every path under (and above) a cache root that the backend would
+    refuse: for ``fxpiece cache verify``."""
+    found: list[UntrustedCacheError] = []
+
+    def run(check: Callable[[], None]) -> None:
+        try:
+            check()
+        except UntrustedCacheError as e:
+            found.append(e)
+
+    run(lambda: check_parents(root))
+    if not root.is_dir():
+        return found
+    run(lambda: check_stat(root, os.stat(root)))
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in (*dirnames, *filenames):
+            if CacheLayout.is_quarantined(name):
+                continue  # moved aside: kept for inspection, never loaded
+            path = Path(dirpath) / name
+            try:
+                st = os.lstat(path)
+                if stat.S_ISLNK(st.st_mode):
+                    check_trusted(path)  # a symlink standing in for a folder is refused
+                else:
+                    check_stat(path, st, "file or folder")
+            except UntrustedCacheError as e:
+                found.append(e)
+            except OSError:
+                continue
+    return found

@@ -22,6 +22,7 @@ True
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import os
 import sys
@@ -44,11 +45,17 @@ __all__ = ["InductorPass", "PassManager", "pass_sources"]
 _MAX_MODULES = 256
 
 
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    keys = ("stdlib", "platstdlib", "purelib", "platlib")
+    return tuple(sorted({os.path.abspath(paths[k]) + os.sep for k in keys}))
+
+
 def _is_library(path: str) -> bool:
     """Part of Python or an installed third-party package (keyed by their
     versions elsewhere), not of the project."""
-    libs = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return any(path.startswith(os.path.abspath(d) + os.sep) for d in libs)
+    return path.startswith(_library_dirs())
 
 
 def _source_of(name: str) -> str | None:
@@ -74,10 +81,20 @@ def _imports(name: str, path: str) -> set[str]:
     """Names of the modules the source at ``path`` (module ``name``)
     imports, read statically: the same answer in every process."""
     try:
+        st = os.stat(path)
+    except OSError:
+        return set()
+    return set(_imports_of(name, path, st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=1024)
+def _imports_of(name: str, path: str, mtime_ns: int, size: int) -> frozenset[str]:
+    """:func:`_imports`, parsed once per file version."""
+    try:
         with open(path, "rb") as f:
             tree = ast.parse(f.read(), path)
     except (OSError, SyntaxError, ValueError):
-        return set()
+        return frozenset()
     package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
     out: set[str] = set()
     for node in ast.walk(tree):
@@ -93,7 +110,7 @@ def _imports(name: str, path: str) -> set[str]:
                 base = f"{base_pkg}.{base}" if base else base_pkg
             out.add(base)
             out.update(f"{base}.{alias.name}" for alias in node.names)
-    return out
+    return frozenset(out)
 
 
 def pass_sources(cls: type) -> dict[str, str]:

@@ -33,6 +33,7 @@ from fxpiece.cache.keys import KERNELS_KEY
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.safeio import read_regular
 from fxpiece.cache.store import parse_artifact, quarantine
+from fxpiece.cache.trust import find_untrusted
 from fxpiece.errors import CacheError, HostileFileError
 
 __all__ = ["ArtifactProblem", "CacheVerifyReport", "IndexCheck", "verify_cache"]
@@ -77,6 +78,8 @@ class CacheVerifyReport:
     does not match its key folder)."""
     kernel_bundles_checked: int = 0
     """Kernel bundles checked (artifacts too, not counted in ``artifacts_checked``)."""
+    untrusted: tuple[str, ...] = ()
+    """Paths the backend would refuse (trust boundary), with why and the fix."""
 
     @property
     def index_problems(self) -> int:
@@ -84,7 +87,7 @@ class CacheVerifyReport:
 
     @property
     def ok(self) -> bool:
-        return not self.problems and not self.index_problems
+        return not self.problems and not self.index_problems and not self.untrusted
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -94,6 +97,7 @@ class CacheVerifyReport:
             "indexes": [i.as_dict() for i in self.indexes],
             "artifacts_checked": self.artifacts_checked,
             "kernel_bundles_checked": self.kernel_bundles_checked,
+            "untrusted": list(self.untrusted),
             "artifact_bytes": self.artifact_bytes,
             "problems": [p.as_dict() for p in self.problems],
             "unreferenced": list(self.unreferenced),
@@ -236,4 +240,5 @@ def verify_cache(root: str | os.PathLike[str], repair: bool = False) -> CacheVer
         problems=tuple(v.problems),
         unreferenced=tuple(rel for rel in sorted(scan.artifacts) if rel not in scan.refs),
         warnings=tuple(_notes(scan)),
+        untrusted=tuple(str(e) for e in find_untrusted(scan.root)),
     )

@@ -165,6 +165,11 @@ class CompileConfig:
     not specialised either), or ``"auto"`` (what works on the installed
     torch: ``"unbacked"`` on 2.9 to 2.15). Either way one graph serves every
     token count, 0 and 1 included."""
+    aot: bool = True
+    """:func:`fxpiece.compile` only: on a cold start, also save what Dynamo
+    produced (bytecode, guards, the graph) when the model traces as one
+    graph, and on a warm start load it instead of tracing again (where
+    torch supports it; see :mod:`fxpiece.piecewise.aot_start`)."""
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -257,6 +262,7 @@ class CompileConfig:
             "allow_untrusted_cache",
             "require_cache_hit",
             "cache_readonly",
+            "aot",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
@@ -306,7 +312,7 @@ class CompileConfig:
         ``FXPIECE_COMPILE_RANGES_ENDPOINTS``, ``FXPIECE_MAX_NUM_TOKENS``,
         ``FXPIECE_MODEL_TAG``, ``FXPIECE_STRICT``, ``FXPIECE_REQUIRE_CACHE_HIT``,
         ``FXPIECE_CACHE_READONLY``,
-        ``FXPIECE_ALLOW_UNTRUSTED_CACHE``, ``FXPIECE_DYNAMIC``.
+        ``FXPIECE_ALLOW_UNTRUSTED_CACHE``, ``FXPIECE_DYNAMIC``, ``FXPIECE_AOT``.
         """
         e = os.environ if env is None else env
         kw: dict[str, Any] = {}
@@ -332,6 +338,8 @@ class CompileConfig:
             kw["require_cache_hit"] = _flag(
                 "FXPIECE_REQUIRE_CACHE_HIT", e["FXPIECE_REQUIRE_CACHE_HIT"]
             )
+        if "FXPIECE_AOT" in e:
+            kw["aot"] = _flag("FXPIECE_AOT", e["FXPIECE_AOT"])
         if "FXPIECE_STRICT" in e:
             kw["strict"] = _flag("FXPIECE_STRICT", e["FXPIECE_STRICT"])
         if e.get("FXPIECE_COMPILER"):

@@ -31,6 +31,9 @@ COUNTER_NAMES = (
     "num_cache_waits",
     "num_uncompiled_runs",
     "num_corrupt_artifacts",
+    "num_aot_saves",
+    "num_aot_loads",
+    "num_aot_fallbacks",
 )
 
 

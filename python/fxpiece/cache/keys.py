@@ -28,6 +28,8 @@ from typing import Any
 from fxpiece.hashing import hash_factors
 
 __all__ = [
+    "AOT_KEY",
+    "AOT_TAG_SUFFIX",
     "GROUPS",
     "KERNELS_KEY",
     "IndexKey",
@@ -46,6 +48,11 @@ IndexKey = tuple[int, int, int, str]
 
 KERNELS_KEY: IndexKey = (0, 0, -1, "kernels")
 """Where a model's index keeps its kernel bundle (:mod:`fxpiece.piecewise.kernels`)."""
+AOT_KEY: IndexKey = (0, 0, -2, "aot")
+"""Where a launch folder's index keeps its ahead-of-time entry
+(:mod:`fxpiece.piecewise.aot_start`)."""
+AOT_TAG_SUFFIX = ".aot"
+"""Launch folders are ``models/<launch key>/<model_tag>.aot``."""
 
 
 def factors_key(factors: Mapping[str, Any]) -> str:

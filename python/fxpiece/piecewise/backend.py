@@ -34,6 +34,7 @@ from fxpiece.context import current_model_tag
 from fxpiece.counters import counters
 from fxpiece.errors import CacheError, CacheMissError, ConfigError, UntrustedCacheError
 from fxpiece.piecewise import _torch_compat
+from fxpiece.piecewise._torch_compat import aot
 from fxpiece.piecewise.compilers import make_compiler
 from fxpiece.piecewise.dispatch import PieceRunner, token_symbol
 from fxpiece.piecewise.factors import make_key_factors
@@ -136,7 +137,39 @@ class Backend:
 
     # -- the backend -------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        if not aot.is_capturing():
+            return self.build(gm, example_inputs)
+        # Ahead-of-time capture (fxpiece.compile with aot): what a warm start
+        # needs to rebuild this graph without Dynamo. The pieces are built
+        # once the capture says which files were traced (Piecewise.finish).
+        marked = _torch_compat.marked_dims(gm)
+        fake_mode = _torch_compat.detect_fake_mode(example_inputs)
+        fakes = fake_inputs(example_inputs, fake_mode)  # metadata only, never weights
+        state = {**aot.graph_state(gm, fakes), "marked": marked}
+        return aot.Piecewise(None, state, pending=(gm, fakes, fake_mode))
+
+    def rebuild(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], state: dict[str, Any]
+    ) -> Any:
+        """Build a graph loaded ahead of time (:mod:`fxpiece.piecewise.aot_start`)."""
+        return self.build(gm, example_inputs, traced=state["traced"], marked=state["marked"])
+
+    def build(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        *,
+        traced: Sequence[str] | None = None,
+        marked: Sequence[tuple[int, int]] | None = None,
+    ) -> Any:
+        """Split, plan and build one Dynamo graph. ``traced`` (the source
+        files Dynamo traced) and ``marked`` (the token dims the user marked)
+        default to what Dynamo's tracing context says."""
         t_start = time.perf_counter()
+        if traced is None:
+            traced = _torch_compat.traced_files()
+        if marked is None:
+            marked = _torch_compat.marked_dims(gm)
         cfg = self.config
         if _torch_compat.freezing_enabled(self._inductor_options):
             raise ConfigError(
@@ -153,7 +186,7 @@ class Backend:
         fake_args = fake_inputs(example_inputs, fake_mode)
 
         t0 = time.perf_counter()
-        cache, problem = self._open_or_skip(gm, fake_args, model_tag)
+        cache, problem = self._open_or_skip(gm, fake_args, model_tag, traced)
         key_s = time.perf_counter() - t0
         mc = cache.model if cache is not None else None
 
@@ -171,7 +204,7 @@ class Backend:
         self.count("num_piecewise_capturable_graphs_seen", len(compiled_items))
 
         args_of = piece_inputs(split_gm, fake_args, fake_mode, {it.name for it in compiled_items})
-        sym = token_symbol(fake_args, _torch_compat.marked_dims(gm))
+        sym = token_symbol(fake_args, marked)
         factors = cache.factors if cache is not None else None
         gstats = GraphStats(
             cache_key=factors.key if factors else None,
@@ -234,7 +267,11 @@ class Backend:
 
     # -- the cache -----------------------------------------------------------
     def _open_or_skip(
-        self, gm: torch.fx.GraphModule, fake_args: Sequence[Any], model_tag: str
+        self,
+        gm: torch.fx.GraphModule,
+        fake_args: Sequence[Any],
+        model_tag: str,
+        traced: Sequence[str],
     ) -> tuple[OpenedCache | None, str | None]:
         """The graph's cache, or ``(None, why)`` when it cannot be used: the
         graph then compiles in memory. Only the trust boundary, a required
@@ -242,7 +279,7 @@ class Backend:
         if not self.cache_enabled():
             return None, None
         try:
-            return self.open_cache(gm, fake_args, model_tag), None
+            return self.open_cache(gm, fake_args, model_tag, traced), None
         except (UntrustedCacheError, CacheMissError, ConfigError):
             raise
         except OSError as e:  # CacheError included: folder is a file, EACCES, EROFS, ENOSPC
@@ -251,7 +288,11 @@ class Backend:
             return None, why
 
     def open_cache(
-        self, gm: torch.fx.GraphModule, fake_args: Sequence[Any], model_tag: str
+        self,
+        gm: torch.fx.GraphModule,
+        fake_args: Sequence[Any],
+        model_tag: str,
+        traced: Sequence[str],
     ) -> OpenedCache:
         """Compute the key and open the model's cache folder."""
         cfg = self.config
@@ -260,9 +301,7 @@ class Backend:
         layout = CacheLayout(root if readonly else ensure_private_dir(root))
         # The key's ISA probe compiles test programs in Inductor's folder.
         with _torch_compat.inductor_cache_dir(str(self.kernel_dir.path)):
-            factors = make_key_factors(
-                cfg, self.compiler.compute_hash(), gm, fake_args, _torch_compat.traced_files()
-            )
+            factors = make_key_factors(cfg, self.compiler.compute_hash(), gm, fake_args, traced)
         miss_explanation = None
         if not layout.model_dir(factors.key, model_tag).is_dir():
             miss_explanation = self._explain_new_key(layout.root, model_tag, factors)

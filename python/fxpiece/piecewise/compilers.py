@@ -26,31 +26,13 @@ __all__ = [
     "make_compiler",
 ]
 
+unpacking = _torch_compat.unpacking
+
 
 def graph_returns_tuple(gm: torch.fx.GraphModule) -> bool:
     """Whether the graph's output is a tuple/list (else a single value)."""
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     return isinstance(out.args[0], tuple | list)
-
-
-def unpacking(fn: Callable[..., Any], returns_tuple: bool) -> Callable[..., Any]:
-    """Make Inductor's result match the graph: a single output unpacked
-    unless the graph returns a tuple."""
-    if returns_tuple:
-
-        def call_tuple(*args: Any) -> Any:
-            out = fn(*args)
-            return tuple(out) if isinstance(out, list) else out
-
-        return call_tuple
-
-    def call_single(*args: Any) -> Any:
-        out = fn(*args)
-        if isinstance(out, list | tuple):
-            return out[0]
-        return out
-
-    return call_single
 
 
 def is_symbolic(example_inputs: Sequence[Any]) -> bool:
@@ -101,10 +83,19 @@ class EagerCompiler(CompilerInterface):
 
 class InductorStandaloneCompiler(CompilerInterface):
     """``torch._inductor.standalone_compile``; each result is saved as one
-    binary artifact in the content-addressed store and loaded with
-    ``CompiledArtifact.load``."""
+    binary artifact in the content-addressed store and loaded from its
+    verified bytes.
+
+    ``direct_call`` (default): where AOTAutograd's runtime wrapper would only
+    turn grad mode off (inference, no mutation, no alias; see
+    :mod:`fxpiece.piecewise._torch_compat.loading`), pieces call Inductor's
+    compiled ``call`` directly; ``False`` keeps the wrapper. The outputs are
+    identical; only the Python per call differs."""
 
     name = "inductor"
+
+    def __init__(self, direct_call: bool = True) -> None:
+        self.direct_call = direct_call
 
     def compute_hash(self) -> str:
         return f"{self.name}:{torch.__version__}"
@@ -126,20 +117,32 @@ class InductorStandaloneCompiler(CompilerInterface):
                 graph, example_inputs, dynamic=dynamic, options={}
             )
         handle = None
-        if ctx.store is not None:
-            data = _torch_compat.standalone_bytes(art)
-            if data is None:
-                _log.warning(
-                    "fxpiece: Inductor's result for %s cannot be saved (not serialisable); "
-                    "it is used in memory and compiled again next start",
-                    entry,
-                )
-            else:
-                try:
-                    handle = ctx.store.put(ctx.digest, data)
-                except CacheError as e:  # ENOSPC, EROFS, EACCES, path occupied
-                    _log.warning("fxpiece: could not store a compiled piece: %s", e)
-        return CompileResult(unpacking(art, graph_returns_tuple(graph)), handle)
+        data = _torch_compat.standalone_bytes(art)
+        if data is None and ctx.store is not None:
+            _log.warning(
+                "fxpiece: Inductor's result for %s cannot be saved (not serialisable); "
+                "it is used in memory and compiled again next start",
+                entry,
+            )
+        elif data is not None and ctx.store is not None:
+            try:
+                handle = ctx.store.put(ctx.digest, data)
+            except CacheError as e:  # ENOSPC, EROFS, EACCES, path occupied
+                _log.warning("fxpiece: could not store a compiled piece: %s", e)
+        returns_tuple = graph_returns_tuple(graph)
+        if data is not None and self.direct_call:
+            # Run what a warm start runs: the same load, the same call path.
+            try:
+                return CompileResult(self._callable(data, returns_tuple), handle)
+            except Exception as e:  # noqa: BLE001 - the compiled result still works
+                _log.warning("fxpiece: reloading a compiled piece failed (%s); using it as is", e)
+        return CompileResult(unpacking(art, returns_tuple), handle)
+
+    def _callable(self, data: bytes, returns_tuple: bool) -> Callable[..., Any]:
+        loaded = _torch_compat.load_standalone_bytes(data, returns_tuple)
+        if self.direct_call and loaded.direct is not None:
+            return loaded.direct
+        return loaded.wrapped
 
     def load(
         self,
@@ -154,8 +157,7 @@ class InductorStandaloneCompiler(CompilerInterface):
         data = ctx.store.load(handle)
         if data is None:
             return None
-        art = _torch_compat.load_standalone_bytes(data)
-        return unpacking(art, graph_returns_tuple(graph))
+        return self._callable(data, graph_returns_tuple(graph))
 
 
 class InductorFxCacheCompiler(InductorStandaloneCompiler):

@@ -17,11 +17,17 @@ import torch
 import torch.fx
 
 from fxpiece.config import DYNAMIC_MODES
+from fxpiece.piecewise._torch_compat.loading import (
+    LoadedArtifact,
+    load_standalone_bytes,
+    unpacking,
+)
 
 __all__ = [
     "DYNAMIC_MODES",
     "VERIFIED_TORCH",
     "CustomGraphPassBase",
+    "LoadedArtifact",
     "compile_standalone",
     "cpp_compiler",
     "cpu_vec_isa",
@@ -41,6 +47,7 @@ __all__ = [
     "standalone_bytes",
     "token_dims_context",
     "traced_files",
+    "unpacking",
 ]
 
 try:
@@ -196,25 +203,6 @@ def standalone_bytes(artifact: Any) -> bytes | None:
         artifact.save(path=p, format="binary")
         with open(p, "rb") as f:
             return f.read()
-
-
-def load_standalone_bytes(data: bytes) -> Callable[..., Any]:
-    """Load a ``standalone_compile`` artifact from its verified bytes.
-
-    ``CompiledArtifact.load`` reads a path, so the bytes go to a file in a
-    fresh private (0700) folder only this process writes: what is loaded is
-    exactly what was verified."""
-    import tempfile
-
-    from torch._inductor.standalone_compile import CompiledArtifact
-
-    with tempfile.TemporaryDirectory(prefix="fxpiece-load-") as d:
-        path = os.path.join(d, "artifact.bin")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        fn: Callable[..., Any] = CompiledArtifact.load(path=path, format="binary")
-    return fn
 
 
 class _AlwaysHitShapeEnv:

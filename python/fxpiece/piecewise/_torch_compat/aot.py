@@ -1,0 +1,247 @@
+"""Dynamo's ahead-of-time compile (``aot_compile`` + ``load_compiled_function``):
+capture a model's Dynamo output (bytecode and guards) once, save it, and
+call it in a fresh process without tracing again.
+
+The backend's result must be a ``SerializableCallable``: :class:`Piecewise`
+is one; it serialises the Dynamo graph and its fake example inputs (with
+``GraphPickler``) and, when loaded, hands them back to the backend, which
+loads every piece from the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import pickle
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+import torch.fx
+
+__all__ = [
+    "AotUnsupported",
+    "Piecewise",
+    "aot_supported",
+    "capture",
+    "captured_piecewise",
+    "check_guards",
+    "deserialize",
+    "graph_state",
+    "is_capturing",
+    "rebuilding",
+    "serialize",
+    "traced_files",
+]
+
+RebuildFn = Callable[[torch.fx.GraphModule, Sequence[Any], dict[str, Any]], Callable[..., Any]]
+"""Called on load with the Dynamo graph, its fake inputs and the extra
+state the backend recorded; returns what the stitched graph calls."""
+
+_REBUILD: ContextVar[RebuildFn | None] = ContextVar("fxpiece_aot_rebuild", default=None)
+_CAPTURING: ContextVar[bool] = ContextVar("fxpiece_aot_capturing", default=False)
+_DROPPED_META = frozenset({"source_fn_stack", "nn_module_stack", "fwd_source_fn_stack", "grapharg"})
+"""Node metadata not saved: stacks of live objects, and Dynamo's graph
+arguments (they hold the real input tensors)."""
+
+
+def is_capturing() -> bool:
+    """Whether the backend is being called by :func:`capture` (it must then
+    return a :class:`Piecewise`)."""
+    return _CAPTURING.get()
+
+
+class AotUnsupported(Exception):
+    """Dynamo cannot capture this call ahead of time (a graph break, an
+    unpicklable value...); ``str()`` says why."""
+
+
+def aot_supported() -> str | None:
+    """``None`` if this torch can save and load Dynamo's output, else why not."""
+    try:
+        from torch._dynamo.aot_compile import aot_compile_fullgraph  # noqa: F401
+        from torch._dynamo.aot_compile_types import SerializableCallable  # noqa: F401
+        from torch.fx._graph_pickler import GraphPickler  # noqa: F401
+    except ImportError as e:
+        return f"torch {torch.__version__} has no ahead-of-time Dynamo compile ({e})"
+    if not hasattr(torch.compiler, "load_compiled_function"):
+        return f"torch {torch.__version__} has no torch.compiler.load_compiled_function"
+    return None
+
+
+try:
+    from torch._dynamo.aot_compile_types import SerializableCallable as _Base
+except ImportError:  # pragma: no cover - older torch
+    _Base = object  # type: ignore[assignment,misc]
+
+
+class Piecewise(_Base):  # type: ignore[misc,valid-type]
+    """What the backend returns while capturing ahead of time: calls the
+    stitched graph; serialises the Dynamo graph, not the pieces.
+
+    While capturing, the pieces are built by :meth:`finish`, after Dynamo
+    has said which source files it traced (they enter the model key)."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any] | None,
+        state: dict[str, Any],
+        pending: tuple[torch.fx.GraphModule, Sequence[Any], Any] | None = None,
+    ) -> None:
+        self.fn = fn
+        self.state = state
+        """``graph`` and ``inputs`` (GraphPickler bytes) and the backend's extras."""
+        self._pending = pending
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)  # type: ignore[misc]
+
+    def finish(self, rebuild: RebuildFn) -> None:
+        """Build the captured graph's pieces with ``rebuild``."""
+        if self._pending is None:
+            return
+        gm, inputs, fake_mode = self._pending
+        with _as_in_dynamo(fake_mode):
+            self.fn = rebuild(gm, inputs, self.state)
+        self._pending = None
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: Piecewise) -> bytes:
+        return pickle.dumps(fn.state, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> Piecewise:
+        from torch._subclasses import FakeTensorMode
+        from torch.fx._graph_pickler import GraphPickler
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        rebuild = _REBUILD.get()
+        if rebuild is None:
+            raise RuntimeError(
+                "an fxpiece ahead-of-time entry is loaded by fxpiece.compile only "
+                "(it needs the backend to load the pieces from the cache)"
+            )
+        state = pickle.loads(data)
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        gm = GraphPickler.loads(state["graph"], fake_mode)
+        inputs = GraphPickler.loads(state["inputs"], fake_mode)
+        if not isinstance(gm, torch.fx.GraphModule) or not isinstance(inputs, list):
+            raise RuntimeError("an ahead-of-time entry holds no graph")
+        gm.recompile()
+        with _as_in_dynamo(fake_mode):
+            fn = rebuild(gm, inputs, state)
+        return cls(fn, state)
+
+
+@contextlib.contextmanager
+def _as_in_dynamo(fake_mode: Any) -> Iterator[None]:
+    """What a backend runs under when Dynamo calls it: a tracing context
+    with the graph's fake mode, and the Python dispatcher (symbolic sizes)."""
+    from torch._dispatch.python import enable_python_dispatcher
+
+    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), enable_python_dispatcher():
+        yield
+
+
+def graph_state(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> dict[str, Any]:
+    """The Dynamo graph and its fake inputs as ``GraphPickler`` bytes."""
+    from torch.fx._graph_pickler import GraphPickler, Options
+
+    opts = Options(ops_filter=None, node_metadata_key_filter=lambda k: k not in _DROPPED_META)
+    return {
+        "graph": GraphPickler.dumps(gm, opts),
+        "inputs": GraphPickler.dumps(list(example_inputs), opts),
+    }
+
+
+@contextlib.contextmanager
+def rebuilding(fn: RebuildFn) -> Iterator[None]:
+    """Loads in the block rebuild their pieces with ``fn``."""
+    token = _REBUILD.set(fn)
+    try:
+        yield
+    finally:
+        _REBUILD.reset(token)
+
+
+def capture(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], backend: Any
+) -> Any:
+    """Trace ``fn(*args, **kwargs)`` as one full graph with ``backend`` and
+    return Dynamo's ahead-of-time compiled function (guards checked by the
+    caller: see :func:`check_guards`). :class:`AotUnsupported` when it
+    cannot be captured (graph break, a value Dynamo cannot save)."""
+    with torch._dynamo.config.patch(enable_aot_compile=True):
+        compiled = torch.compile(fn, fullgraph=True, backend=backend)
+    token = _CAPTURING.set(True)
+    try:
+        out = compiled.aot_compile((tuple(args), dict(kwargs)))
+    except torch._dynamo.exc.Unsupported as e:
+        raise AotUnsupported(f"graph break: {_first_line(e)}") from e
+    except torch._dynamo.exc.BackendCompilerFailed:
+        raise
+    except (RuntimeError, TypeError, pickle.PicklingError) as e:
+        raise AotUnsupported(f"{type(e).__name__}: {_first_line(e)}") from e
+    finally:
+        _CAPTURING.reset(token)
+    out.disable_guard_check()
+    return out
+
+
+def serialize(compiled: Any) -> bytes:
+    """The bytes of a captured function (Dynamo's format)."""
+    try:
+        data: bytes = type(compiled).serialize(compiled).serialized_data
+    except (RuntimeError, TypeError, AttributeError, pickle.PicklingError) as e:
+        raise AotUnsupported(f"cannot save Dynamo's output: {_first_line(e)}") from e
+    return data
+
+
+def deserialize(data: bytes, f_globals: dict[str, Any], rebuild: RebuildFn) -> Any:
+    """Load a captured function; its pieces are rebuilt by ``rebuild``. Guard
+    checks are left to the caller (:func:`check_guards`)."""
+    # Dynamo's loader turns Inductor's enable_autograd_for_aot on; the pieces
+    # are rebuilt under the config of the call (their key depends on it).
+    outside = dict(torch._inductor.config.get_config_copy())
+    keep = {"enable_autograd_for_aot": outside.get("enable_autograd_for_aot")}
+
+    def rebuild_as_outside(gm: torch.fx.GraphModule, inputs: Sequence[Any], st: dict[str, Any]) -> Any:
+        with torch._inductor.config.patch(keep):
+            return rebuild(gm, inputs, st)
+
+    with rebuilding(rebuild_as_outside):
+        fn = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
+    fn.disable_guard_check()
+    return fn
+
+
+def captured_piecewise(captured: Any) -> Piecewise:
+    """The backend's result inside a captured function."""
+    piece = captured._artifacts.compiled_fn
+    if not isinstance(piece, Piecewise):
+        raise AotUnsupported(f"the backend returned {type(piece).__name__}, not fxpiece's")
+    return piece
+
+
+def traced_files(captured: Any) -> list[str]:
+    """The source files of every code object Dynamo traced for ``captured``."""
+    import sys
+
+    files = set()
+    for src in captured.source_info().inlined_sources:
+        path = getattr(sys.modules.get(src.module), "__file__", None)
+        if isinstance(path, str):
+            files.add(path)
+    return sorted(files)
+
+
+def check_guards(fn: Any, *args: Any, **kwargs: Any) -> bool:
+    """Whether the captured function's guards accept this call."""
+    ok: bool = fn.guard_check(*args, **kwargs)
+    return ok
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__

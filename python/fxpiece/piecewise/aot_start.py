@@ -31,7 +31,9 @@ and the BLAKE3 of every source file Dynamo traced.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -69,7 +71,8 @@ class StartInfo:
     """``"aot-load"`` (Dynamo's output loaded: no trace), ``"aot-capture"``
     (cold: traced ahead of time and saved) or ``"dynamo"``."""
     why_not_aot: str | None
-    """Why the ahead-of-time path was not taken (``path == "dynamo"``)."""
+    """Why no saved entry was loaded: the miss before a capture, or why the
+    ahead-of-time path was not taken at all (``path == "dynamo"``)."""
     seconds: float
     """Time to load or capture the ahead-of-time entry (backend included)."""
     launch_key: str | None = None
@@ -101,6 +104,19 @@ def _module_meta(model: torch.nn.Module) -> list[Any]:
     ]
 
 
+def _module_file(name: str) -> str | None:
+    """The source file module ``name`` is (or would be) imported from."""
+    mod = sys.modules.get(name)
+    path = getattr(mod, "__file__", None) if mod is not None else None
+    if path is None:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            return None
+        path = spec.origin if spec is not None else None
+    return path if isinstance(path, str) else None
+
+
 class AotStart:
     """The ahead-of-time start of one compiled model (see the module doc)."""
 
@@ -111,6 +127,7 @@ class AotStart:
         self._fn: Any = None
         self._grad = True
         self._warned = False
+        self._recorded_unsupported = False
         self.info: StartInfo | None = None
 
     # -- what is captured ----------------------------------------------------
@@ -180,10 +197,12 @@ class AotStart:
             self.info = StartInfo("dynamo", f"launch folder unusable: {e}", 0.0)
             return self.info
         path, why = self._load(mc, fn)
-        if path is None and not (mc.readonly or self.backend.config.require_cache_hit):
-            path, why2 = self._capture(mc, fn, lead, args, kwargs)
-            why = why2 if path is None else None
-        self.info = StartInfo(path or "dynamo", why, time.perf_counter() - t0, mc.key)
+        can_capture = not (mc.readonly or self.backend.config.require_cache_hit)
+        if path is None and can_capture and not self._recorded_unsupported:
+            path, why_not = self._capture(mc, fn, lead, args, kwargs)
+            if path is None:
+                why = why_not
+        self.info = StartInfo(path or "dynamo", why or None, time.perf_counter() - t0, mc.key)
         if path is None:
             _log.info("fxpiece: no ahead-of-time start for %r: %s", self.model_tag, why)
         return self.info
@@ -207,6 +226,7 @@ class AotStart:
             return None, "no ahead-of-time entry for this launch key yet"
         if "unsupported" in value:
             reason = str(value["unsupported"])
+            self._recorded_unsupported = True
             self._log_unsupported(reason, recorded=True)
             return None, reason
         files = value.get("files")
@@ -237,12 +257,15 @@ class AotStart:
 
     @staticmethod
     def _changed_files(files: Mapping[str, Any]) -> str | None:
-        """The first recorded file whose content differs now (or is gone)."""
-        report = hash_files_report(sorted(files))
-        now = {f.path: f.digest for f in report.files}
-        for path, digest in sorted(files.items()):
-            if now.get(path) != digest:
-                return path
+        """The first recorded module (by name: the file it is *now* imported
+        from, wherever that is) whose source differs now, or cannot be found."""
+        paths = {name: _module_file(name) for name in files}
+        found = [p for p in paths.values() if p is not None]
+        now = {f.path: f.digest for f in hash_files_report(found).files}
+        for name, digest in sorted(files.items()):
+            path = paths[name]
+            if path is None or now.get(path) != digest:
+                return f"{name} ({path or 'not found'})"
         return None
 
     def _quarantine(self, mc: ModelCache, value: Mapping[str, Any]) -> None:
@@ -271,7 +294,8 @@ class AotStart:
         try:
             captured = aot.capture(fn, (*lead, *args), dict(kwargs), self.backend)
             piece = aot.captured_piecewise(captured)
-            piece.state["traced"] = aot.traced_files(captured)
+            modules = aot.traced_modules(captured)
+            piece.state["traced"] = sorted(set(modules.values()))
             piece.finish(self.backend.rebuild)
             data = aot.serialize(captured)
         except aot.AotUnsupported as e:
@@ -289,8 +313,8 @@ class AotStart:
             self.backend.count("num_aot_fallbacks")
             self._record(mc, {"unsupported": reason})
             return None, reason
-        report = hash_files_report(piece.state["traced"])
-        files = {f.path: f.digest for f in report.files}
+        digests = {f.path: f.digest for f in hash_files_report(modules.values()).files}
+        files = {name: digests.get(path) for name, path in modules.items()}
         try:
             digest = checksum(data)
             handle = mc.artifacts.put(digest, data)

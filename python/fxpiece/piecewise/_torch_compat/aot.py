@@ -32,7 +32,7 @@ __all__ = [
     "is_capturing",
     "rebuilding",
     "serialize",
-    "traced_files",
+    "traced_modules",
 ]
 
 RebuildFn = Callable[[torch.fx.GraphModule, Sequence[Any], dict[str, Any]], Callable[..., Any]]
@@ -224,16 +224,17 @@ def captured_piecewise(captured: Any) -> Piecewise:
     return piece
 
 
-def traced_files(captured: Any) -> list[str]:
-    """The source files of every code object Dynamo traced for ``captured``."""
+def traced_modules(captured: Any) -> dict[str, str]:
+    """``{module name: source file}`` of every code object Dynamo traced
+    for ``captured``."""
     import sys
 
-    files = set()
+    out = {}
     for src in captured.source_info().inlined_sources:
         path = getattr(sys.modules.get(src.module), "__file__", None)
         if isinstance(path, str):
-            files.add(path)
-    return sorted(files)
+            out[src.module] = path
+    return dict(sorted(out.items()))
 
 
 def check_guards(fn: Any, *args: Any, **kwargs: Any) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from conftest import PyRunner
 
-MODEL = '''
+MODEL = """
 import torch
 from fxpiece.toy_llama import attention
 
@@ -33,7 +33,7 @@ class M(torch.nn.Module):
         h = attention(q.contiguous(), k.contiguous(), v.contiguous())
         BREAK
         return self.b(h) * SCALE
-'''
+"""
 
 SNIPPET = """
 import json, logging, sys, torch
@@ -50,7 +50,8 @@ logging.getLogger("fxpiece").addHandler(Keep())
 for k, v in spec.get("inductor", {{}}).items():
     setattr(torch._inductor.config, k, v)
 cfg = fxpiece.CompileConfig(
-    cache_dir=spec["root"], splitting_ops=[ATTENTION_OP], max_num_tokens=64, **spec.get("config", {{}})
+    cache_dir=spec["root"], splitting_ops=[ATTENTION_OP], max_num_tokens=64,
+    **spec.get("config", {{}}),
 )
 m = aot_model.M().eval()
 cm = fxpiece.compile(m, cfg)
@@ -158,7 +159,9 @@ def test_graph_break_falls_back_with_the_reason_logged(run_py: PyRunner, tmp_pat
     r = _run(run_py, proj, root, tmp_path / "a.pt", config={"compiler": "eager"})
     assert r["path"] == "dynamo" and "graph break" in r["why"], r
     assert r["counters"]["num_aot_fallbacks"] == 1
-    assert any("ahead-of-time warm start unavailable" in m and "graph break" in m for m in r["logs"])
+    assert any(
+        "ahead-of-time warm start unavailable" in m and "graph break" in m for m in r["logs"]
+    )
     # The next start does not try again: it says the reason was recorded.
     r2 = _run(run_py, proj, root, tmp_path / "b.pt", config={"compiler": "eager"})
     assert r2["path"] == "dynamo" and "num_aot_fallbacks" not in r2["counters"], r2
@@ -181,7 +184,9 @@ def test_corrupt_entry_is_quarantined_and_the_start_recovers(
     art.write_bytes(bytes(data))
     r = _run(run_py, proj, root, tmp_path / "a.pt")
     assert r["path"] == "aot-capture", r  # captured and saved again
-    assert r["counters"]["num_corrupt_artifacts"] == 1 and "num_inductor_compiles" not in r["counters"]
+    assert (
+        r["counters"]["num_corrupt_artifacts"] == 1 and "num_inductor_compiles" not in r["counters"]
+    )
     assert list(art.parent.glob(art.name + ".corrupt-*")), "the corrupt entry was moved aside"
     r2 = _run(run_py, proj, root, tmp_path / "b.pt")
     assert r2["path"] == "aot-load", r2

@@ -12,8 +12,8 @@ import torch
 from conftest import make_toy, token_ids
 
 import fxpiece
-from fxpiece.toy_llama import ATTENTION_OP
 from fxpiece.piecewise.compilers import InductorStandaloneCompiler
+from fxpiece.toy_llama import ATTENTION_OP
 
 SIZES = (1, 7, 16, 64, 256)
 

@@ -24,7 +24,7 @@ __all__ = ["demo_config", "main", "run_phase", "worker"]
 SPLIT_OP = "fxpiece_toy::attention"
 
 
-def demo_config(cache_dir: str, max_tokens: int) -> Any:
+def demo_config(cache_dir: str, max_tokens: int, aot: bool = True) -> Any:
     from fxpiece.config import CompileConfig
 
     return CompileConfig(
@@ -33,6 +33,7 @@ def demo_config(cache_dir: str, max_tokens: int) -> Any:
         max_num_tokens=max_tokens,
         compile_sizes=[8],
         cache_dir=cache_dir,
+        aot=aot,
     )
 
 
@@ -59,8 +60,10 @@ def worker(
     max_tokens: int,
     latency_sizes: Sequence[int],
     reps: int,
+    one_thread: bool = False,
 ) -> dict[str, Any]:
-    """One phase in this process; returns what it measured."""
+    """One phase in this process; returns what it measured (``one_thread``:
+    also the latencies with ``torch.set_num_threads(1)``)."""
     t_import = time.perf_counter()
     import torch
 
@@ -69,20 +72,22 @@ def worker(
     from fxpiece.toy_llama import ToyLlama, ToyLlamaConfig
 
     torch.manual_seed(0)
-    cfg = ToyLlamaConfig(
+    toy_cfg = ToyLlamaConfig(
         num_layers=layers,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_heads=max(1, hidden // 32),
     )
-    model = ToyLlama(cfg).eval().to(getattr(torch, dtype))
+    model = ToyLlama(toy_cfg).eval().to(getattr(torch, dtype))
     import_s = time.perf_counter() - t_import
-    ids = torch.arange(24) % cfg.vocab_size
+    ids = torch.arange(24) % model.cfg.vocab_size
     with torch.no_grad():
         ref = model(ids)
     out: dict[str, Any] = {"mode": mode, "import_s": import_s}
-    if mode == "fxpiece":
-        compiled: Any = fxpiece.compile(model, demo_config(cache_dir, max_tokens))
+    if mode in ("fxpiece", "fxpiece-noaot"):
+        compiled: Any = fxpiece.compile(
+            model, demo_config(cache_dir, max_tokens, aot=mode == "fxpiece")
+        )
         compiled.backend.progress = _progress
     elif mode == "inductor":
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "stock-inductor")
@@ -100,7 +105,7 @@ def worker(
     diff = (got.float() - ref.float()).abs().max().item()
     out["max_abs_diff"] = diff
     out["scale"] = ref.float().abs().max().item()
-    if mode == "fxpiece":
+    if mode in ("fxpiece", "fxpiece-noaot"):
         stats = compiled.stats
         c = stats.counters.snapshot()
         g = stats.graphs[0]
@@ -113,10 +118,15 @@ def worker(
             compiled_pieces=g.num_compiled_pieces,
             entries=[str(r) for r in compiled.backend.config.compile_entries],
             counters=c,
+            start=compiled.start.path if compiled.start else None,
         )
-    out["latency_s"] = {
-        str(n): _latency(compiled, torch.arange(n) % cfg.vocab_size, reps) for n in latency_sizes
-    }
+    sizes = [(str(n), torch.arange(n) % model.cfg.vocab_size) for n in latency_sizes]
+    out["latency_s"] = {n: _latency(compiled, ids, reps) for n, ids in sizes}
+    if one_thread:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        out["latency_t1_s"] = {n: _latency(compiled, ids, reps) for n, ids in sizes}
+        torch.set_num_threads(threads)
     return out
 
 
@@ -154,6 +164,7 @@ def run_phase(mode: str, cache_dir: str, args: argparse.Namespace) -> dict[str, 
         str(args.reps),
         "--latency-sizes",
         ",".join(str(s) for s in args.latency_sizes),
+        *(["--one-thread"] if getattr(args, "one_thread", False) else []),
     ]
     t0 = time.perf_counter()
     # stderr passes through: the worker's progress bar shows live.
@@ -179,6 +190,7 @@ def _parser() -> argparse.ArgumentParser:
         type=lambda s: [int(x) for x in s.split(",")],
         default=[1, 16, 128],
     )
+    p.add_argument("--one-thread", action="store_true", help="also time with 1 thread")
     return p
 
 
@@ -193,10 +205,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["worker"]:
         p = _parser()
-        p.add_argument("mode", choices=["fxpiece", "inductor", "eager"])
+        p.add_argument("mode", choices=["fxpiece", "fxpiece-noaot", "inductor", "eager"])
         a = p.parse_args(argv[1:])
         res = worker(
-            a.mode, a.cache_dir, a.layers, a.hidden, a.dtype, a.max_tokens, a.latency_sizes, a.reps
+            a.mode,
+            a.cache_dir,
+            a.layers,
+            a.hidden,
+            a.dtype,
+            a.max_tokens,
+            a.latency_sizes,
+            a.reps,
+            a.one_thread,
         )
         print(json.dumps(res))
         return 0
@@ -221,9 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"entries per piece: {', '.join(cold['entries'])}"
     )
     print(_row(["", "cold", "warm"], w))
+    print(_row(["start path", cold["start"], warm["start"]], w))
     for label, key in [
         ("first call, total (s)", "first_call_s"),
-        ("  Dynamo trace (s)", "dynamo_s"),
+        ("  Dynamo trace or AOT load (s)", "dynamo_s"),
         ("  backend (s)", "backend_s"),
         ("    compile (s)", "compile_s"),
         ("    load from cache (s)", "load_s"),

@@ -276,7 +276,7 @@ class AotStart:
         if mc.readonly or not isinstance(handle, dict):
             return
         rel = handle.get("artifact")
-        if mc.layout.is_artifact_rel(rel):
+        if isinstance(rel, str) and mc.layout.is_artifact_rel(rel):
             quarantine(mc.layout.artifact_path(mc.layout.digest_of_artifact(rel)))
         try:
             mc.index.remove(AOT_KEY)
@@ -306,8 +306,11 @@ class AotStart:
         # Serve calls with the saved function, exactly as a warm start does
         # (the pieces are reused from this backend, not rebuilt).
         try:
-            self._fn = aot.deserialize(data, fn.__globals__, lambda *_: piece.fn)
-        except Exception as e:  # noqa: BLE001 - torch cannot load what it saved
+            built = piece.fn
+            if built is None:
+                raise aot.AotUnsupported("the captured graph was not built")
+            self._fn = aot.deserialize(data, fn.__globals__, lambda *_: built)
+        except Exception as e:
             reason = f"Dynamo's saved output does not load: {type(e).__name__}: {e}"
             self._log_unsupported(reason, recorded=False)
             self.backend.count("num_aot_fallbacks")

@@ -134,7 +134,7 @@ class InductorStandaloneCompiler(CompilerInterface):
             # Run what a warm start runs: the same load, the same call path.
             try:
                 return CompileResult(self._callable(data, returns_tuple), handle)
-            except Exception as e:  # noqa: BLE001 - the compiled result still works
+            except Exception as e:
                 _log.warning("fxpiece: reloading a compiled piece failed (%s); using it as is", e)
         return CompileResult(unpacking(art, returns_tuple), handle)
 
@@ -212,8 +212,9 @@ def _list_call(fn: Callable[..., Any]) -> Callable[..., Any]:
 def make_compiler(spec: str | CompilerInterface) -> CompilerInterface:
     if isinstance(spec, CompilerInterface):
         return spec
-    return {
+    factories: dict[str, Callable[[], CompilerInterface]] = {
         "inductor": InductorStandaloneCompiler,
         "inductor-fx-cache": InductorFxCacheCompiler,
         "eager": EagerCompiler,
-    }[spec]()
+    }
+    return factories[spec]()

@@ -76,7 +76,7 @@ except ImportError:  # pragma: no cover - older torch
     _Base = object  # type: ignore[assignment,misc]
 
 
-class Piecewise(_Base):  # type: ignore[misc,valid-type]
+class Piecewise(_Base):
     """What the backend returns while capturing ahead of time: calls the
     stitched graph; serialises the Dynamo graph, not the pieces.
 
@@ -176,7 +176,7 @@ def capture(
         compiled = torch.compile(fn, fullgraph=True, backend=backend)
     token = _CAPTURING.set(True)
     try:
-        out = compiled.aot_compile((tuple(args), dict(kwargs)))
+        out = compiled.aot_compile((tuple(args), dict(kwargs)))  # type: ignore[attr-defined]
     except torch._dynamo.exc.Unsupported as e:
         raise AotUnsupported(f"graph break: {_first_line(e)}") from e
     except torch._dynamo.exc.BackendCompilerFailed:
@@ -206,12 +206,14 @@ def deserialize(data: bytes, f_globals: dict[str, Any], rebuild: RebuildFn) -> A
     outside = dict(torch._inductor.config.get_config_copy())
     keep = {"enable_autograd_for_aot": outside.get("enable_autograd_for_aot")}
 
-    def rebuild_as_outside(gm: torch.fx.GraphModule, inputs: Sequence[Any], st: dict[str, Any]) -> Any:
+    def rebuild_as_outside(
+        gm: torch.fx.GraphModule, inputs: Sequence[Any], st: dict[str, Any]
+    ) -> Any:
         with torch._inductor.config.patch(keep):
             return rebuild(gm, inputs, st)
 
     with rebuilding(rebuild_as_outside):
-        fn = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
+        fn: Any = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
     fn.disable_guard_check()
     return fn
 

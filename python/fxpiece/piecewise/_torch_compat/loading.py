@@ -81,10 +81,10 @@ def _reader(data: bytes) -> tuple[str, bytes] | None:
 
 
 def _load_in_memory(parsed: tuple[str, bytes], returns_tuple: bool) -> LoadedArtifact:
-    from torch._inductor.cudagraph_utils import BoxedDeviceIndex
     from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import _CompileFxKwargs
+    from torch._inductor.cudagraph_utils import BoxedDeviceIndex
     from torch._inductor.utils import BoxedBool
     from torch._subclasses import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -116,11 +116,8 @@ def _load_in_memory(parsed: tuple[str, bytes], returns_tuple: bool) -> LoadedArt
     call = getattr(graph, "current_callable", None)
     if why is None and call is None:
         why = "Inductor's compiled graph has no callable"
-    return LoadedArtifact(
-        unpacking(boxed, returns_tuple),
-        None if why else _direct(call, returns_tuple),
-        why,
-    )
+    direct = None if why is not None or call is None else _direct(call, returns_tuple)
+    return LoadedArtifact(unpacking(boxed, returns_tuple), direct, why)
 
 
 def _why_not_direct(entry: Any) -> str | None:

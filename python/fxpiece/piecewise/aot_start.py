@@ -211,14 +211,21 @@ class AotStart:
         cfg = self.backend.config
         root = cfg.resolved_cache_dir()
         layout = CacheLayout(root if cfg.cache_readonly else ensure_private_dir(root))
-        key = factors_key(self.launch_factors(args, kwargs))
-        return ModelCache(
+        factors = self.launch_factors(args, kwargs)
+        mc = ModelCache(
             layout,
-            key,
+            factors_key(factors),
             self.model_tag + AOT_TAG_SUFFIX,
             trust=cfg.allow_untrusted_cache,
             readonly=cfg.cache_readonly,
         )
+        if not mc.readonly and not CacheLayout.factors_file(mc.folder).exists():
+            # For people (``fxpiece cache explain``); the key does not need it.
+            try:
+                mc.write_factors(factors)
+            except OSError as e:
+                _log.warning("fxpiece: could not write to the cache: %s", e)
+        return mc
 
     def _load(self, mc: ModelCache, fn: Callable[..., Any]) -> tuple[str | None, str]:
         value = mc.index.get(AOT_KEY)

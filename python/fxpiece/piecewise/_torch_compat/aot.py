@@ -57,15 +57,26 @@ class AotUnsupported(Exception):
     unpicklable value...); ``str()`` says why."""
 
 
+AOT_MIN_TORCH = (2, 15)
+"""The oldest torch the ahead-of-time start is verified on (its API moved a
+lot before); older releases trace with Dynamo on every start."""
+
+
 def aot_supported() -> str | None:
     """``None`` if this torch can save and load Dynamo's output, else why not."""
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if version < AOT_MIN_TORCH:
+        return (
+            f"torch {torch.__version__} is older than "
+            f"{'.'.join(map(str, AOT_MIN_TORCH))}, the first release it is verified on"
+        )
     try:
         from torch._dynamo.aot_compile import aot_compile_fullgraph  # noqa: F401
         from torch._dynamo.aot_compile_types import SerializableCallable  # noqa: F401
         from torch.fx._graph_pickler import GraphPickler  # noqa: F401
-    except ImportError as e:
+    except ImportError as e:  # pragma: no cover - a build without it
         return f"torch {torch.__version__} has no ahead-of-time Dynamo compile ({e})"
-    if not hasattr(torch.compiler, "load_compiled_function"):
+    if not hasattr(torch.compiler, "load_compiled_function"):  # pragma: no cover
         return f"torch {torch.__version__} has no torch.compiler.load_compiled_function"
     return None
 
@@ -137,10 +148,17 @@ class Piecewise(_Base):
 @contextlib.contextmanager
 def _as_in_dynamo(fake_mode: Any) -> Iterator[None]:
     """What a backend runs under when Dynamo calls it: a tracing context
-    with the graph's fake mode, and the Python dispatcher (symbolic sizes)."""
+    with the graph's fake mode, the Python dispatcher (symbolic sizes), and
+    a top-level timed event (Inductor's cache lookups record into it)."""
     from torch._dispatch.python import enable_python_dispatcher
+    from torch._dynamo.utils import dynamo_timed, get_metrics_context
 
-    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), enable_python_dispatcher():
+    with (
+        torch._guards.tracing(torch._guards.TracingContext(fake_mode)),
+        enable_python_dispatcher(),
+        get_metrics_context(),
+        dynamo_timed("fxpiece_rebuild"),
+    ):
         yield
 
 
@@ -180,8 +198,8 @@ def capture(
     except torch._dynamo.exc.Unsupported as e:
         raise AotUnsupported(f"graph break: {_first_line(e)}") from e
     except torch._dynamo.exc.BackendCompilerFailed:
-        raise
-    except (RuntimeError, TypeError, pickle.PicklingError) as e:
+        raise  # the backend's own error (a bad config, the trust boundary...)
+    except Exception as e:
         raise AotUnsupported(f"{type(e).__name__}: {_first_line(e)}") from e
     finally:
         _CAPTURING.reset(token)
@@ -193,7 +211,7 @@ def serialize(compiled: Any) -> bytes:
     """The bytes of a captured function (Dynamo's format)."""
     try:
         data: bytes = type(compiled).serialize(compiled).serialized_data
-    except (RuntimeError, TypeError, AttributeError, pickle.PicklingError) as e:
+    except Exception as e:
         raise AotUnsupported(f"cannot save Dynamo's output: {_first_line(e)}") from e
     return data
 

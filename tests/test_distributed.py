@@ -58,20 +58,27 @@ def _run_job(tmp_path: Path, world: int, compiler: str) -> list[dict[str, int]]:
             "WORLD_SIZE": str(world),
             "OMP_NUM_THREADS": "1",
         }
-        procs.append(
-            subprocess.Popen(
+        # Files, not pipes: a rank blocked on a full pipe would stall the
+        # other ranks in a collective.
+        logs = (tmp_path / f"rank{r}.out", tmp_path / f"rank{r}.err")
+        with logs[0].open("w") as o, logs[1].open("w") as e:
+            proc = subprocess.Popen(
                 [sys.executable, str(script), str(tmp_path / "caches"), compiler],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
+                stdout=o,
+                stderr=e,
                 env=env,
             )
-        )
+        procs.append((proc, logs))
     out = []
-    for p in procs:
-        o, e = p.communicate(timeout=300)
-        assert p.returncode == 0, e[-3000:]
-        out.append(json.loads(o.strip().splitlines()[-1]))
+    for p, (o, e) in procs:
+        try:
+            p.wait(timeout=300)
+        finally:
+            for q, _ in procs:
+                if q.poll() is None and p.returncode is None:
+                    q.kill()
+        assert p.returncode == 0, e.read_text()[-3000:]
+        out.append(json.loads(o.read_text().strip().splitlines()[-1]))
     return out
 
 
@@ -98,5 +105,6 @@ def test_eager_handles_are_shared_too(tmp_path: Path) -> None:
     cold = _run_job(tmp_path, 2, "eager")
     assert all(r["ok"] for r in cold)
     assert sum(r["num_eager_compiles"] for r in cold) == 4
+    assert all(r["num_aot_saves"] == 0 for r in cold), "no ahead-of-time start across ranks"
     warm = _run_job(tmp_path, 2, "eager")
     assert sum(r["num_eager_compiles"] for r in warm) == 0

@@ -122,7 +122,7 @@ def test_four_processes_compile_each_piece_once(tmp_path: Path) -> None:
     assert sum(r["num_inductor_compiles"] for r in results) == 2
     assert sum(r["num_cache_hits"] for r in results) == 3 * 2
     assert sum(r["num_cache_waits"] for r in results) >= 1
-    folders = list((cache / "models").glob("*/*/index"))
+    folders = list((cache / "models").glob("*/backbone/index"))
     assert len(folders) == 1, folders
     report = fxpiece.verify_index(str(folders[0]))
     assert report.ok and report.good_files >= 1
@@ -156,7 +156,7 @@ def test_foreign_lease_respected_while_fresh_taken_over_when_expired(tmp_path: P
     # Find the lease path: run once to learn the digest, then clear the index.
     first = _result(_spawn(tmp_path, cache, "eager", 0))
     assert first["num_eager_compiles"] == 1
-    index_files = list((cache / "models").glob("*/*/index"))
+    index_files = list((cache / "models").glob("*/backbone/index"))
     digest = json.loads(json.dumps(fxpiece.CacheIndex(str(index_files[0])).entries()[0][1]))[
         "digest"
     ]

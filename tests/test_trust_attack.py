@@ -113,7 +113,7 @@ def warm(run_py: PyRunner, cache: Path, out: Path, **config: Any) -> dict[str, A
 def generated_modules(cache: Path) -> dict[str, bytes]:
     """The generated Python files of the cached kernel bundle (what the old
     design kept under <root>/inductor), by relative path."""
-    (index,) = list(cache.glob("models/*/*/index"))
+    (index,) = list(cache.glob("models/*/backbone/index"))
     value = CacheIndex(str(index), readonly=True).get(KERNELS_KEY)
     payload = ArtifactStore(CacheLayout(cache), readonly=True).load(value["handle"])
     assert payload is not None
@@ -155,7 +155,7 @@ def test_code_planted_under_inductor_never_runs(
 def test_artifact_planted_in_a_writable_folder_is_refused(
     built: tuple[Path, Path, Path], victim: Path, run_py: PyRunner, tmp_path: Path
 ) -> None:
-    (index,) = list(victim.glob("models/*/*/index"))
+    (index,) = list(victim.glob("models/*/backbone/index"))
     piece = next(v for k, v in CacheIndex(str(index)).entries() if k != KERNELS_KEY)
     target = victim / piece["handle"]["artifact"]
     shard = target.parent

@@ -37,6 +37,12 @@ class DistributedBackend(Backend):
     ``torch.distributed`` collectives (any backend; gloo on CPU). It works
     through :meth:`Backend.before_build`."""
 
+    aot_unsupported = (
+        "DistributedBackend exchanges artifacts with collectives while it builds, and "
+        "every rank must build at the same point; a saved Dynamo output loads them "
+        "at another point (ranks that start differently would deadlock)"
+    )
+
     def __init__(
         self,
         config: CompileConfig | None = None,

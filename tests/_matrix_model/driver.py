@@ -65,7 +65,7 @@ def _compile_and_run(run: dict[str, Any], model: Any, disable: bool) -> tuple[An
             outs[n] = cm(_inputs(n, run.get("hidden", 32), dtype))
     after = fxpiece.counters.snapshot()
     diff = {k: after[k] - before[k] for k in after if after[k] != before[k]}
-    g = cm.stats.graphs[0]
+    g = cm.stats.graphs[-1]  # the graph that served the calls (after any AOT fallback)
     info = {
         "diff": diff,
         "key": g.cache_key,

@@ -31,9 +31,7 @@ and the BLAKE3 of every source file Dynamo traced.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -104,19 +102,6 @@ def _module_meta(model: torch.nn.Module) -> list[Any]:
     ]
 
 
-def _module_file(name: str) -> str | None:
-    """The source file module ``name`` is (or would be) imported from."""
-    mod = sys.modules.get(name)
-    path = getattr(mod, "__file__", None) if mod is not None else None
-    if path is None:
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            return None
-        path = spec.origin if spec is not None else None
-    return path if isinstance(path, str) else None
-
-
 class AotStart:
     """The ahead-of-time start of one compiled model (see the module doc)."""
 
@@ -151,6 +136,8 @@ class AotStart:
             return "config.aot is off (FXPIECE_AOT=0)"
         if not self.backend.cache_enabled():
             return "the cache is disabled"
+        if self.backend.aot_unsupported is not None:
+            return self.backend.aot_unsupported
         return aot.aot_supported()
 
     def launch_factors(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -266,7 +253,7 @@ class AotStart:
     def _changed_files(files: Mapping[str, Any]) -> str | None:
         """The first recorded module (by name: the file it is *now* imported
         from, wherever that is) whose source differs now, or cannot be found."""
-        paths = {name: _module_file(name) for name in files}
+        paths = {name: aot.module_file(name) for name in files}
         found = [p for p in paths.values() if p is not None]
         now = {f.path: f.digest for f in hash_files_report(found).files}
         for name, digest in sorted(files.items()):
@@ -302,7 +289,7 @@ class AotStart:
             captured = aot.capture(fn, (*lead, *args), dict(kwargs), self.backend)
             piece = aot.captured_piecewise(captured)
             modules = aot.traced_modules(captured)
-            piece.state["traced"] = sorted(set(modules.values()))
+            piece.state["traced_modules"] = modules
             piece.finish(self.backend.rebuild)
             data = aot.serialize(captured)
         except aot.AotUnsupported as e:

@@ -72,6 +72,10 @@ class Backend:
     :meth:`compile_work` and :meth:`count`; :mod:`fxpiece.distributed` does.
     """
 
+    aot_unsupported: str | None = None
+    """Why this backend cannot serve an ahead-of-time warm start (``None``:
+    it can); see :mod:`fxpiece.piecewise.aot_start`."""
+
     def __init__(
         self,
         config: CompileConfig | None = None,
@@ -152,7 +156,8 @@ class Backend:
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], state: dict[str, Any]
     ) -> Any:
         """Build a graph loaded ahead of time (:mod:`fxpiece.piecewise.aot_start`)."""
-        return self.build(gm, example_inputs, traced=state["traced"], marked=state["marked"])
+        traced = aot.current_files(state["traced_modules"])
+        return self.build(gm, example_inputs, traced=traced, marked=state["marked"])
 
     def build(
         self,

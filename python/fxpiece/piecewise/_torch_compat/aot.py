@@ -11,8 +11,10 @@ loads every piece from the cache.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import pickle
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -27,9 +29,12 @@ __all__ = [
     "capture",
     "captured_piecewise",
     "check_guards",
+    "current_files",
     "deserialize",
     "graph_state",
     "is_capturing",
+    "keep_guards",
+    "module_file",
     "rebuilding",
     "serialize",
     "traced_modules",
@@ -191,7 +196,9 @@ def capture(
     caller: see :func:`check_guards`). :class:`AotUnsupported` when it
     cannot be captured (graph break, a value Dynamo cannot save)."""
     with torch._dynamo.config.patch(enable_aot_compile=True):
-        compiled = torch.compile(fn, fullgraph=True, backend=backend)
+        compiled = torch.compile(
+            fn, fullgraph=True, backend=backend, options={"guard_filter_fn": keep_guards}
+        )
     token = _CAPTURING.set(True)
     try:
         out = compiled.aot_compile((tuple(args), dict(kwargs)))  # type: ignore[attr-defined]
@@ -205,6 +212,23 @@ def capture(
         _CAPTURING.reset(token)
     out.disable_guard_check()
     return out
+
+
+def keep_guards(entries: Sequence[Any]) -> list[bool]:
+    """The guards a captured function keeps: every one torch can save.
+
+    torch's default for ahead-of-time compiles drops every guard on a
+    global, so a module constant baked into the graph (``SCALE = 1.5`` set
+    to 2.5 before the call) would not be checked and the saved code would
+    compute with the old value. Kept here; the guards torch cannot save
+    (identity matches on functions, modules, classes, closures) are dropped:
+    they certify objects, not values, and the traced source files are
+    hashed separately. A capture whose kept guard still cannot be saved
+    fails with :class:`AotUnsupported`, and the model runs through Dynamo."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    return [e.guard_type not in unsupported for e in entries]
 
 
 def serialize(compiled: Any) -> bytes:
@@ -247,14 +271,33 @@ def captured_piecewise(captured: Any) -> Piecewise:
 def traced_modules(captured: Any) -> dict[str, str]:
     """``{module name: source file}`` of every code object Dynamo traced
     for ``captured``."""
-    import sys
-
     out = {}
     for src in captured.source_info().inlined_sources:
         path = getattr(sys.modules.get(src.module), "__file__", None)
         if isinstance(path, str):
             out[src.module] = path
     return dict(sorted(out.items()))
+
+
+def module_file(name: str) -> str | None:
+    """The source file module ``name`` is (or would be) imported from now."""
+    mod = sys.modules.get(name)
+    path = getattr(mod, "__file__", None) if mod is not None else None
+    if path is None:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            return None
+        path = spec.origin if spec is not None else None
+    return path if isinstance(path, str) else None
+
+
+def current_files(modules: dict[str, str]) -> list[str]:
+    """The files of the traced modules ``{name: file at capture}`` in this
+    process: a module is found by name, wherever it is imported from now
+    (the model key names files relative to their ``sys.path`` entry, so a
+    package moved elsewhere keeps its key)."""
+    return sorted({module_file(name) or path for name, path in modules.items()})
 
 
 def check_guards(fn: Any, *args: Any, **kwargs: Any) -> bool:

@@ -1,15 +1,21 @@
 """N ranks starting together on an empty cache: fxpiece vs one folder per rank.
 
-For N = 1, 2 and 4 ranks (processes started together, toy Llama BF16 split at
+For N = 1, 2 and 4 ranks (processes started together, toy Llama split at
 attention), prints the wall time until every rank has its first output, the
 job's total Inductor compiles and compile seconds, and the processes' total
 CPU seconds, for:
-- fxpiece: one shared cache folder, per-piece leases (single-flight);
-- reference layout: one private cache folder per rank (each rank compiles).
-Target: fxpiece's N-rank wall <= 1.3x its 1-rank wall, total compiles equal
-to the unique pieces.
+- fxpiece: one shared cache folder, per-piece leases (work stealing: each
+  rank first compiles the pieces nobody is compiling, then waits for the
+  rest), compiles bounded per host by compile slots;
+- reference layout: one private cache folder per rank (each rank compiles);
+- the floor: the same N ranks again on the now warm shared cache (what
+  importing torch and tracing costs N processes on this machine).
+Then the per-rank startup breakdown (``cm.stats.startup``, averaged over
+the ranks: trace, key, wait, compile, load, first run).
+Targets (2 cores): 4-rank wall <= 1.3x 1-rank, 2-rank <= 1.1x, total
+compiles equal to the unique pieces.
 
-    python benches/bench_ranks.py [--layers 4]
+    python benches/bench_ranks.py [--layers 4] [--dtype bfloat16] [--slots N]
 """
 
 from __future__ import annotations
@@ -23,18 +29,21 @@ import sys
 import tempfile
 import textwrap
 import time
+from typing import Any
 
 RANK = textwrap.dedent(
     """
     import json, os, sys, time
-    go, cache, layers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    go, cache, layers, dtype = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    slots = int(sys.argv[5]) if sys.argv[5] != "auto" else None
     import torch, fxpiece
     from fxpiece.toy_llama import ATTENTION_OP, ToyLlama, ToyLlamaConfig
     torch.manual_seed(0)
     m = ToyLlama(ToyLlamaConfig(num_layers=layers, hidden_size=256, intermediate_size=512,
-                                num_heads=8)).eval().to(torch.bfloat16)
+                                num_heads=8)).eval().to(getattr(torch, dtype))
     cfg = fxpiece.CompileConfig(splitting_ops=[ATTENTION_OP], compile_ranges_endpoints=[16],
-                                max_num_tokens=256, compile_sizes=[8], cache_dir=cache)
+                                max_num_tokens=256, compile_sizes=[8], cache_dir=cache,
+                                max_parallel_compiles=slots)
     cm = fxpiece.compile(m, cfg)
     print("ready", flush=True)
     while not os.path.exists(go):
@@ -44,13 +53,20 @@ RANK = textwrap.dedent(
     done = time.time()
     s = cm.stats
     print(json.dumps({"done": done, "compiles": s.counters.num_inductor_compiles,
-                      "compile_s": s.compile_s, "hits": s.counters.num_cache_hits}), flush=True)
+                      "compile_s": s.compile_s, "hits": s.counters.num_cache_hits,
+                      "startup": s.startup.as_dict(), "slots": s.max_parallel_compiles}),
+          flush=True)
     """
 )
 
 
-def run(n: int, shared: bool, layers: int) -> dict[str, float]:
-    root = tempfile.mkdtemp(prefix="fxpiece-bench-ranks-")
+BREAKDOWN = ("trace_s", "key_s", "wait_s", "compile_s", "load_s", "other_backend_s", "first_run_s")
+
+
+def run(
+    n: int, shared: bool, layers: int, dtype: str, slots: str, root: str | None = None
+) -> dict[str, Any]:
+    root = root or tempfile.mkdtemp(prefix="fxpiece-bench-ranks-")
     script = os.path.join(root, "rank.py")
     with open(script, "w") as f:
         f.write(RANK)
@@ -61,11 +77,15 @@ def run(n: int, shared: bool, layers: int) -> dict[str, float]:
         cache = os.path.join(root, "cache" if shared else f"cache-rank{r}")
         procs.append(
             subprocess.Popen(
-                [sys.executable, script, go, cache, str(layers)], stdout=subprocess.PIPE, text=True
+                [sys.executable, script, go, cache, str(layers), dtype, slots],
+                stdout=subprocess.PIPE,
+                text=True,
             )
         )
     for p in procs:  # all imported and traced up to the first call
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    if os.path.exists(go):
+        os.unlink(go)
     t0 = time.time()
     open(go, "w").close()
     results = []
@@ -79,42 +99,57 @@ def run(n: int, shared: bool, layers: int) -> dict[str, float]:
         "compiles": sum(r["compiles"] for r in results),
         "compile_s": sum(r["compile_s"] for r in results),
         "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "breakdown": {k: sum(r["startup"][k] for r in results) / n for k in BREAKDOWN},
+        "slots": results[0]["slots"],
+        "root": root,
     }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--slots", default="auto", help="max_parallel_compiles (default: automatic)")
+    p.add_argument("--no-reference", action="store_true", help="skip the per-rank folders")
     a = p.parse_args()
     rows = []
     for n in (1, 2, 4):
-        f = run(n, True, a.layers)
-        ref = run(n, False, a.layers)
-        rows.append((n, f, ref))
+        f = run(n, True, a.layers, a.dtype, a.slots)
+        warm = run(n, True, a.layers, a.dtype, a.slots, root=f["root"])
+        ref = None if a.no_reference else run(n, False, a.layers, a.dtype, a.slots)
+        rows.append((n, f, warm, ref))
         print(
-            f"N={n}: fxpiece wall {f['wall']:.2f} s, compiles {f['compiles']}; "
-            f"per-rank folders wall {ref['wall']:.2f} s, compiles {ref['compiles']}",
+            f"N={n}: fxpiece wall {f['wall']:.2f} s, compiles {f['compiles']} "
+            f"(slots per host {f['slots']}); warm floor {warm['wall']:.2f} s"
+            + ("" if ref is None else f"; per-rank folders wall {ref['wall']:.2f} s"),
             flush=True,
         )
     base = rows[0][1]["wall"]
     print(
-        "\n ranks | fxpiece wall  vs 1 rank  compiles  compile s  CPU s "
-        "| per-rank folders wall  compiles  compile s  CPU s"
+        "\n ranks | fxpiece wall  vs 1 rank  compiles  compile s  CPU s | warm floor"
+        " | per-rank folders wall  compiles  CPU s"
     )
-    for n, f, r in rows:
+    for n, f, w, r in rows:
+        ref = "" if r is None else f"{r['wall']:21.2f}  {r['compiles']:8d}  {r['cpu_s']:5.1f}"
         print(
             f"{n:6d} | {f['wall']:11.2f}  {f['wall'] / base:8.2f}x  {f['compiles']:8d}  "
-            f"{f['compile_s']:9.2f}  {f['cpu_s']:5.1f} | {r['wall']:21.2f}  {r['compiles']:8d}  "
-            f"{r['compile_s']:9.2f}  {r['cpu_s']:5.1f}"
+            f"{f['compile_s']:9.2f}  {f['cpu_s']:5.1f} | {w['wall']:10.2f} | {ref}"
         )
-    worst = max(f["wall"] for _, f, _ in rows) / base
+    print("\nper-rank startup breakdown, cold (mean over ranks, s):")
+    print(" ranks | " + "  ".join(f"{k[:-2]:>9s}" for k in BREAKDOWN))
+    for n, f, _, _ in rows:
+        print(f"{n:6d} | " + "  ".join(f"{f['breakdown'][k]:9.2f}" for k in BREAKDOWN))
     unique = rows[0][1]["compiles"]
-    same = all(f["compiles"] == unique for _, f, _ in rows)
+    same = all(f["compiles"] == unique for _, f, _, _ in rows)
+    r2 = rows[1][1]["wall"] / base
+    r4 = rows[2][1]["wall"] / base
     print(
-        f"\nfxpiece N-rank wall <= 1.3x 1-rank wall: {worst:.2f}x "
-        f"{'PASS' if worst <= 1.3 else 'FAIL'}; total compiles == unique pieces ({unique}) "
-        f"for every N: {'PASS' if same else 'FAIL'}"
+        f"\n2-rank wall <= 1.1x 1-rank: {r2:.2f}x {'PASS' if r2 <= 1.1 else 'FAIL'}; "
+        f"4-rank wall <= 1.3x 1-rank: {r4:.2f}x {'PASS' if r4 <= 1.3 else 'FAIL'}; "
+        f"total compiles == unique pieces ({unique}) for every N: {'PASS' if same else 'FAIL'}"
     )
+    floor4 = rows[2][2]["wall"] / rows[0][2]["wall"]
+    print(f"floor: 4 warm ranks take {floor4:.2f}x one warm rank")
 
 
 if __name__ == "__main__":

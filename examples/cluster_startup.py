@@ -56,13 +56,14 @@ def main() -> None:
         ok = torch.allclose(out.float(), model(ids).float(), atol=0.05, rtol=0.05)
     first = time.perf_counter() - t0
     c = compiled.stats.counters
-    g = compiled.stats.graphs[0]
-    wait = sum(p.wait_s for p in g.pieces)
+    b = compiled.stats.startup
+    assert b is not None  # set by the first call
     print(
-        f"rank {rank}: first output {first:.2f} s (backend {g.total_s:.2f} s: compile "
-        f"{g.compile_s:.2f}, load {g.load_s:.2f}, wait {wait:.2f}); Inductor compiles "
-        f"{c.num_inductor_compiles}, hits {c.num_cache_hits}, waits {c.num_cache_waits}; "
-        f"matches eager: {ok}",
+        f"rank {rank}: first output {first:.2f} s (trace {b.trace_s:.2f}, key {b.key_s:.2f}, "
+        f"wait {b.wait_s:.2f}, compile {b.compile_s:.2f}, load {b.load_s:.2f}, first run "
+        f"{b.first_run_s:.2f}); Inductor compiles {c.num_inductor_compiles}, hits "
+        f"{c.num_cache_hits}, waits {c.num_cache_waits}; compile slots per host "
+        f"{compiled.stats.max_parallel_compiles}; matches eager: {ok}",
         flush=True,
     )
     totals = torch.tensor([c.num_inductor_compiles, c.num_cache_hits, int(ok)], dtype=torch.int64)

@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -34,11 +35,14 @@ RANK_SCRIPT = textwrap.dedent(
 
     cache, compiler, layers = sys.argv[1], sys.argv[2], int(sys.argv[3])
     m = ToyLlama(ToyLlamaConfig(num_layers=layers)).eval()
+    ends = [int(x) for x in os.environ.get("ENDPOINTS", "").split(",") if x]
     cfg = fxpiece.CompileConfig(
         splitting_ops=["fxpiece_toy::attention"], max_num_tokens=64, cache_dir=cache,
         compiler=SlowEager() if compiler == "slow-eager" else compiler,
         lease_ttl=float(os.environ.get("LEASE_TTL", "30")),
         lock_timeout=float(os.environ.get("LOCK_TIMEOUT", "600")),
+        compile_ranges_endpoints=ends,
+        max_parallel_compiles=int(os.environ["SLOTS"]) if os.environ.get("SLOTS") else None,
     )
     if os.environ.get("GO_FILE"):
         while not os.path.exists(os.environ["GO_FILE"]):
@@ -50,7 +54,11 @@ RANK_SCRIPT = textwrap.dedent(
         ok = torch.allclose(out, m(ids), atol=1e-4)
     c = fxpiece.counters.snapshot()
     c["ok"] = bool(ok)
-    c["wait_s"] = sum(p.wait_s for p in cm.stats.graphs[0].pieces)
+    pieces = cm.stats.graphs[0].pieces
+    c["wait_s"] = sum(p.wait_s for p in pieces)
+    c["slot_wait_s"] = sum(p.slot_wait_s for p in pieces)
+    c["intervals"] = [iv for p in pieces for iv in p.compile_intervals]
+    c["startup"] = cm.stats.startup.as_dict()
     print(json.dumps(c), flush=True)
     """
 )
@@ -70,11 +78,66 @@ def _spawn(
     )
 
 
-def _result(p: subprocess.Popen[str], timeout: float = 240) -> dict[str, float]:
+def _result(p: subprocess.Popen[str], timeout: float = 240) -> dict[str, Any]:
     out, err = p.communicate(timeout=timeout)
     assert p.returncode == 0, err[-3000:]
-    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
+
+
+def _overlaps(intervals: list[list[float]]) -> int:
+    """The most intervals open at one instant."""
+    events = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    most = cur = 0
+    for _, step in events:
+        cur += step
+        most = max(most, cur)
+    return most
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_compile_slots_bound_concurrent_compiles_across_processes(
+    tmp_path: Path, slots: int
+) -> None:
+    # 1 layer split at attention, ranges [1,8] [9,64]: 2 pieces x 2 ranges =
+    # 4 unique digests; each compile sleeps 1.5 s. Four processes steal work.
+    cache = tmp_path / "cache"
+    go = tmp_path / "go"
+    env = {"GO_FILE": str(go), "SLOW_COMPILE": "1.5", "ENDPOINTS": "8", "SLOTS": str(slots)}
+    procs = [_spawn(tmp_path, cache, "slow-eager", 1, **env) for _ in range(4)]
+    time.sleep(0.5)
+    go.touch()
+    results = [_result(p) for p in procs]
+    assert all(r["ok"] for r in results)
+    assert sum(r["num_eager_compiles"] for r in results) == 4, "each unique piece once"
+    intervals = [iv for r in results for iv in r["intervals"]]
+    assert len(intervals) == 4
+    if slots == 1:
+        assert _overlaps(intervals) == 1, sorted(intervals)
+        assert sum(r["slot_wait_s"] for r in results) > 1.0
+    else:
+        assert _overlaps(intervals) == 2, sorted(intervals)
+        assert sum(1 for r in results if r["num_eager_compiles"]) >= 2, "work was stolen"
+    assert not list((cache / "locks").glob("**/*.lease")), "slots and leases are released"
+
+
+def test_killed_slot_holder_does_not_block_others(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    holder = _spawn(tmp_path, cache, "slow-eager", 1, SLOW_COMPILE="120", SLOTS="1")
+    assert holder.stdout is not None
+    line = holder.stdout.readline()
+    assert line.strip() == "compiling", holder.stderr.read() if holder.stderr else ""
+    (slot,) = (cache / "locks" / "slots").glob("*/slot-0.lease")
+    # Other pieces (other ranges: other digests): it only waits for the slot.
+    waiter = _spawn(tmp_path, cache, "slow-eager", 1, SLOTS="1", ENDPOINTS="8")
+    time.sleep(3)
+    assert waiter.poll() is None, "the waiter waits for the only slot"
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    r = _result(waiter, timeout=120)
+    assert r["ok"] and r["num_eager_compiles"] == 4
+    assert r["slot_wait_s"] >= 2.0
+    assert not slot.exists()
 
 
 def test_identical_layers_compile_once_per_entry() -> None:

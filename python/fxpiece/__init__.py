@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from fxpiece.piecewise.interface import CompileContext, CompileResult, CompilerInterface
     from fxpiece.piecewise.passes import InductorPass
     from fxpiece.piecewise.split import SplitItem, split_graph
-    from fxpiece.piecewise.stats import BackendStats, GraphStats, PieceStats
+    from fxpiece.piecewise.stats import BackendStats, GraphStats, PieceStats, StartupBreakdown
 
 _LAZY = {
     "CompiledModel": "fxpiece.api",
@@ -52,6 +52,7 @@ _LAZY = {
     "BackendStats": "fxpiece.piecewise.stats",
     "GraphStats": "fxpiece.piecewise.stats",
     "PieceStats": "fxpiece.piecewise.stats",
+    "StartupBreakdown": "fxpiece.piecewise.stats",
     "CompileContext": "fxpiece.piecewise.interface",
     "CompileResult": "fxpiece.piecewise.interface",
     "CompilerInterface": "fxpiece.piecewise.interface",
@@ -105,6 +106,7 @@ __all__ = [
     "Range",
     "SizeOutOfRangeError",
     "SplitItem",
+    "StartupBreakdown",
     "UntrustedCacheError",
     "VerifyReport",
     "__version__",

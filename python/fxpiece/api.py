@@ -3,6 +3,7 @@ dynamic, so token counts never trigger a recompile."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -14,7 +15,7 @@ from fxpiece.errors import ConfigError, FxpieceError
 from fxpiece.piecewise import _torch_compat
 from fxpiece.piecewise.aot_start import AotStart, StartInfo
 from fxpiece.piecewise.backend import Backend
-from fxpiece.piecewise.stats import BackendStats
+from fxpiece.piecewise.stats import BackendStats, StartupBreakdown
 
 __all__ = ["CompiledModel", "compile"]
 
@@ -82,6 +83,16 @@ class CompiledModel:
         return new_args, new_kwargs
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.backend.stats.startup is None:
+            t0 = time.perf_counter()
+            out = self._call(args, kwargs)
+            self.backend.stats.startup = StartupBreakdown.measure(
+                self.backend.stats.graphs, t0, time.perf_counter()
+            )
+            return out
+        return self._call(args, kwargs)
+
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             with _torch_compat.token_dims_context(self.backend.config.dynamic):
                 if self._aot is None:

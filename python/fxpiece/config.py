@@ -155,6 +155,11 @@ class CompileConfig:
     lease_ttl: float = 30.0
     """A compile lease not renewed for this long (its holder's host is gone)
     may be taken over; a dead holder on this host is taken over at once."""
+    max_parallel_compiles: int | None = None
+    """Compiles that may run at once on one host, across every process of
+    the job (a per-host counting semaphore of slot files, see
+    :mod:`fxpiece.cache.slots`); ``None``: the cores this process may use
+    divided by Inductor's compile threads, at least 1. Not part of the key."""
     static_graph_wrapper: Callable[..., Any] | None = None
     """Per-piece wrapper factory ``wrapper(fn, piece_index, entry) -> callable``
     (CUDA graphs on GPU); see :mod:`fxpiece.wrappers`."""
@@ -268,6 +273,11 @@ class CompileConfig:
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
         _seconds("lock_timeout", self.lock_timeout, 0.001, 7 * 86400.0)
         _seconds("lease_ttl", self.lease_ttl, 0.5, 86400.0)
+        n = self.max_parallel_compiles
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 4096):
+            raise ConfigError(
+                "max_parallel_compiles", f"must be None (automatic) or an int >= 1, got {n!r}"
+            )
         if self.dynamic not in DYNAMIC_MODES:
             raise ConfigError(
                 "dynamic", f"must be one of {', '.join(DYNAMIC_MODES)}, got {self.dynamic!r}"
@@ -312,7 +322,8 @@ class CompileConfig:
         ``FXPIECE_COMPILE_RANGES_ENDPOINTS``, ``FXPIECE_MAX_NUM_TOKENS``,
         ``FXPIECE_MODEL_TAG``, ``FXPIECE_STRICT``, ``FXPIECE_REQUIRE_CACHE_HIT``,
         ``FXPIECE_CACHE_READONLY``,
-        ``FXPIECE_ALLOW_UNTRUSTED_CACHE``, ``FXPIECE_DYNAMIC``, ``FXPIECE_AOT``.
+        ``FXPIECE_ALLOW_UNTRUSTED_CACHE``, ``FXPIECE_DYNAMIC``, ``FXPIECE_AOT``,
+        ``FXPIECE_MAX_PARALLEL_COMPILES``.
         """
         e = os.environ if env is None else env
         kw: dict[str, Any] = {}
@@ -340,6 +351,14 @@ class CompileConfig:
             )
         if "FXPIECE_AOT" in e:
             kw["aot"] = _flag("FXPIECE_AOT", e["FXPIECE_AOT"])
+        if e.get("FXPIECE_MAX_PARALLEL_COMPILES"):
+            raw = e["FXPIECE_MAX_PARALLEL_COMPILES"].strip()
+            try:
+                kw["max_parallel_compiles"] = int(raw)
+            except ValueError:
+                raise ConfigError(
+                    "FXPIECE_MAX_PARALLEL_COMPILES", f"{raw!r} is not an int (compiles per host)"
+                ) from None
         if "FXPIECE_STRICT" in e:
             kw["strict"] = _flag("FXPIECE_STRICT", e["FXPIECE_STRICT"])
         if e.get("FXPIECE_COMPILER"):

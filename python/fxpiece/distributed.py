@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
 from fxpiece.cache.model import ModelCache
+from fxpiece.cache.slots import host_slot_dir
 from fxpiece.cache.store import checksum
 from fxpiece.config import CompileConfig
 from fxpiece.errors import CacheError
@@ -42,6 +44,11 @@ class DistributedBackend(Backend):
         "every rank must build at the same point; a saved Dynamo output loads them "
         "at another point (ranks that start differently would deadlock)"
     )
+
+    def slot_folder(self, mc: ModelCache | None) -> Path:
+        """Ranks may have private cache roots: the slots are this host's
+        own folder, so every rank of the host shares them."""
+        return host_slot_dir()
 
     def __init__(
         self,

@@ -11,10 +11,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,9 @@ import torch.fx
 import fxpiece
 from fxpiece.cache.keys import KERNELS_KEY, KeyFactors, kernels_digest, shared_digest
 from fxpiece.cache.layout import CacheLayout
-from fxpiece.cache.lease import acquire_or_wait
+from fxpiece.cache.lease import Lease, acquire_or_wait, read_lease, this_host
 from fxpiece.cache.model import ModelCache
+from fxpiece.cache.slots import CompileSlots, default_parallel_compiles, host_slot_dir
 from fxpiece.cache.store import checksum
 from fxpiece.cache.trust import ensure_private_dir
 from fxpiece.config import CompileConfig
@@ -92,6 +94,8 @@ class Backend:
         """Every digest built by this backend, for reuse across its graphs."""
         self._kernels: KernelDir | None = None
         self._tags_seen: set[str] = set()
+        self._slots: dict[Path, CompileSlots | None] = {}
+        """Compile slots by folder (``None``: the folder is unusable)."""
         if self.config.use_inductor_graph_partition:
             self._inductor_options.update(self._partition_options())
         if self.config.allow_untrusted_cache and self.cache_enabled():
@@ -220,6 +224,7 @@ class Backend:
             ],
             split_s=split_s,
             key_s=key_s,
+            started_at=t_start,
             traced_files=len(factors.code["files"]) if factors else 0,
             token_symbol=None if sym is None else str(sym),
             miss_explanation=cache.miss_explanation if cache is not None else None,
@@ -254,9 +259,11 @@ class Backend:
         if mc is not None:
             self._restore_kernels(mc)
         with _torch_compat.inductor_cache_dir(str(self.kernel_dir.path)):
-            self.before_build([w for p in plans for w in p.work], mc)
+            work = [w for p in plans for w in p.work]
+            self.before_build(work, mc)
+            ready = self._take_free_work(work, mc)
             for plan in plans:
-                runner = self._build_piece(plan, mc)
+                runner = self._build_piece(plan, mc, ready)
                 gstats.runners.append(runner)
                 gstats.pieces[plan.item.index].token_arg = (
                     None if plan.token_arg is None else str(plan.token_arg)
@@ -382,7 +389,62 @@ class Backend:
             _log.warning("fxpiece: could not store the kernel bundle: %s", e)
 
     # -- building ------------------------------------------------------------
-    def _build_piece(self, plan: PiecePlan, mc: ModelCache | None) -> PieceRunner:
+    def _take_free_work(
+        self, work: Sequence[Work], mc: ModelCache | None
+    ) -> dict[int, tuple[Callable[..., Any], str, float]]:
+        """First pass (work stealing across processes): load what is cached
+        and compile what nobody else is compiling, without waiting for
+        another process; the rest is left to :meth:`_obtain`, which waits
+        for its holder. ``{id(work): (fn, action, seconds)}``."""
+        ready: dict[int, tuple[Callable[..., Any], str, float]] = {}
+        if mc is None or mc.readonly or self.config.require_cache_hit:
+            return ready
+        seen: set[str] = set()
+        for w in work:
+            if w.digest in self._built or w.digest in seen:
+                continue
+            t0 = time.perf_counter()
+            compiled_before = w.stats.compiled
+            fn = self._load(w, mc)
+            if fn is None:
+                fn = self._compile_if_free(w, mc)
+            if fn is not None:
+                seen.add(w.digest)
+                action = "compiled" if w.stats.compiled > compiled_before else "loaded"
+                ready[id(w)] = (fn, action, time.perf_counter() - t0)
+        return ready
+
+    def _compile_if_free(self, w: Work, mc: ModelCache) -> Callable[..., Any] | None:
+        """Compile ``w`` if its lease is free (or stale); ``None`` if another
+        process holds it."""
+        path = str(mc.layout.lease_path(w.digest))
+        ttl = self.config.lease_ttl
+        try:
+            ensure_private_dir(mc.layout.locks_dir)
+            lease = Lease.try_acquire(path, ttl=ttl)
+            if lease is None:
+                info = read_lease(path)
+                if info is not None and Lease.is_stale(info, ttl=ttl):
+                    lease = Lease.take_over(path, info, ttl=ttl)
+        except OSError:
+            return None  # the second pass compiles it without a lease
+        if lease is None:
+            return None
+        try:
+            fn = self._poll(w, mc)  # finished between our miss and our lease
+            if fn is not None:
+                return fn
+            self.count("num_cache_misses")
+            return self.compile_work(w, mc)
+        finally:
+            lease.release()
+
+    def _build_piece(
+        self,
+        plan: PiecePlan,
+        mc: ModelCache | None,
+        ready: dict[int, tuple[Callable[..., Any], str, float]] | None = None,
+    ) -> PieceRunner:
         cfg = self.config
         it = plan.item
         built: list[tuple[Any, Callable[..., Any]]] = []
@@ -391,7 +453,12 @@ class Backend:
             w.stats.entries.append(str(w.entry))
             t0 = time.perf_counter()
             fn = self._built.get(w.digest)
-            if fn is not None:
+            first = ready.get(id(w)) if ready else None
+            if first is not None:
+                fn, action, seconds = first
+                t0 -= seconds
+                self._built[w.digest] = fn
+            elif fn is not None:
                 # An identical piece (another layer, another graph) was built here.
                 w.stats.reused += 1
                 self.count("num_cache_hits")
@@ -538,9 +605,58 @@ class Backend:
         """Compile one planned entry and record it in ``mc``'s index (if any)."""
         return self._compile(w, mc)
 
+    def slot_folder(self, mc: ModelCache | None) -> Path:
+        """Where this host's compile slots are: under the cache root
+        (``locks/slots/<host>``) when the cache is written, else a private
+        folder of this host (:func:`~fxpiece.cache.slots.host_slot_dir`)."""
+        if mc is not None and not mc.readonly:
+            return mc.layout.locks_dir / "slots" / this_host()
+        return host_slot_dir()
+
+    def parallel_compiles(self) -> int:
+        """Compile slots per host: ``config.max_parallel_compiles``, else
+        the cores divided by Inductor's compile threads."""
+        n = self.config.max_parallel_compiles
+        if n is None:
+            n = default_parallel_compiles()
+        self.stats.max_parallel_compiles = n
+        return n
+
+    @contextlib.contextmanager
+    def compile_slot(self, w: Work, mc: ModelCache | None) -> Iterator[None]:
+        """Hold one of this host's compile slots (waiting for one, up to
+        ``lock_timeout``) for the block."""
+        folder = self.slot_folder(mc)
+        if folder not in self._slots:
+            slots = CompileSlots(folder, self.parallel_compiles(), ttl=self.config.lease_ttl)
+            why = slots.prepare()
+            if why is not None:
+                _log.warning("fxpiece: compile slots unusable (%s); compiles are not bounded", why)
+            self._slots[folder] = None if why is not None else slots
+        slots_or_none = self._slots[folder]
+        if slots_or_none is None:
+            yield
+            return
+        try:
+            slot, waited = slots_or_none.acquire(self.config.lock_timeout)
+        except OSError as e:
+            _log.warning("fxpiece: no compile slot (%s); compiling without one", e)
+            slot, waited = None, 0.0
+        w.stats.slot_wait_s += waited
+        if slot is None and waited:
+            _log.warning("fxpiece: no compile slot freed up in %.0f s; compiling anyway", waited)
+        try:
+            yield
+        finally:
+            if slot is not None:
+                slot.release()
+
     def _compile(self, w: Work, mc: ModelCache | None) -> Callable[..., Any]:
-        t0 = time.perf_counter()
-        result = self.compiler.compile(w.item.graph, w.args, w.entry, w.ctx)
+        with self.compile_slot(w, mc):
+            t0 = time.perf_counter()
+            wall0 = time.time()
+            result = self.compiler.compile(w.item.graph, w.args, w.entry, w.ctx)
+            w.stats.compile_intervals.append((wall0, time.time()))
         w.stats.compile_s += time.perf_counter() - t0
         w.stats.compiled += 1
         self.count("num_inductor_compiles" if self.compiler.is_inductor else "num_eager_compiles")

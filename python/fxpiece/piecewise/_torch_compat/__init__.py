@@ -36,6 +36,7 @@ __all__ = [
     "freezing_enabled",
     "graph_partition_supported",
     "inductor_cache_dir",
+    "inductor_compile_threads",
     "inductor_config_patch",
     "inductor_config_portable",
     "inductor_guards_size_one",
@@ -534,3 +535,15 @@ def implementation_files(gm: torch.fx.GraphModule) -> set[str]:
             if path is not None and not path.startswith(torch_dir):
                 out.add(path)
     return out
+
+
+def inductor_compile_threads() -> int:
+    """Threads one Inductor compile uses (``compile_threads``, decided by
+    Inductor from the cores and ``TORCHINDUCTOR_COMPILE_THREADS``)."""
+    import torch._inductor.config as cfg
+
+    n = getattr(cfg, "compile_threads", None)
+    if not isinstance(n, int) or n < 1:
+        decide = getattr(cfg, "decide_compile_threads", None)
+        n = decide() if callable(decide) else 1
+    return max(1, int(n))

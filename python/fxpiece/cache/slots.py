@@ -1,0 +1,127 @@
+"""Compile slots: a per-host counting semaphore made of lease files.
+
+Inductor compiles are CPU-bound; N processes compiling at once on a host
+with fewer cores thrash. Before compiling, a process takes one of ``count``
+slots: ``slot-0.lease`` ... ``slot-<count-1>.lease`` in a folder shared by
+the processes of one host (``<cache root>/locks/slots/<host>/``, or a
+private folder in the host's temporary file system). A slot is a
+:class:`~fxpiece.cache.lease.Lease`: created with ``O_EXCL``, renewed by a
+heartbeat, and freed the same way a dead lease is (a dead holder in this
+PID namespace at once; an unrenewed one after ``ttl``; a planted non-lease
+file at once). Processes configured with different counts share the low
+slot numbers, so the smallest count bounds them all.
+
+>>> import tempfile
+>>> from pathlib import Path
+>>> slots = CompileSlots(Path(tempfile.mkdtemp()), count=1)
+>>> first, waited = slots.acquire(timeout=1.0)
+>>> slots.acquire(timeout=0.1)[0] is None   # the only slot is taken
+True
+>>> first.release()
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+from fxpiece.cache.lease import DEFAULT_LEASE_TTL, Lease, read_lease
+
+__all__ = ["CompileSlots", "default_parallel_compiles", "host_slot_dir"]
+
+
+def default_parallel_compiles(compile_threads: int | None = None) -> int:
+    """Cores this process may use divided by the threads one Inductor
+    compile uses (``compile_threads``; Inductor's setting when ``None``),
+    at least 1."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    if compile_threads is None:
+        from fxpiece.piecewise import _torch_compat
+
+        compile_threads = _torch_compat.inductor_compile_threads()
+    return max(1, cores // max(1, compile_threads))
+
+
+def host_slot_dir() -> Path:
+    """A folder of this host only, private to this user, for processes that
+    share no cache root (``/dev/shm`` when it exists, else the temporary
+    folder): ``fxpiece-<uid>/compile-slots``."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    return base / f"fxpiece-{os.getuid()}" / "compile-slots"
+
+
+def _private(folder: Path) -> str | None:
+    """Why ``folder`` cannot hold our slots (another user could fill or
+    remove them), or ``None``."""
+    try:
+        st = os.lstat(folder)
+    except OSError as e:
+        return f"{folder}: {e.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{folder} is not a folder"
+    if st.st_uid != os.getuid():
+        return f"{folder} is owned by uid {st.st_uid}"
+    if st.st_mode & 0o022:
+        return f"{folder} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+class CompileSlots:
+    """``count`` compile slots in ``folder`` (see the module doc)."""
+
+    def __init__(self, folder: Path, count: int, ttl: float = DEFAULT_LEASE_TTL) -> None:
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        self.folder = folder
+        self.count = count
+        self.ttl = ttl
+
+    def prepare(self) -> str | None:
+        """Create the folder (0700, every level we create); why it cannot be
+        used, or ``None``."""
+        try:
+            missing = []
+            p = self.folder
+            while not p.exists() and p != p.parent:
+                missing.append(p)
+                p = p.parent
+            for d in reversed(missing):
+                d.mkdir(mode=0o700, exist_ok=True)
+        except OSError as e:
+            return f"cannot create {self.folder}: {e.strerror}"
+        return _private(self.folder)
+
+    def _try(self, i: int) -> Lease | None:
+        path = str(self.folder / f"slot-{i}.lease")
+        lease = Lease.try_acquire(path, ttl=self.ttl)
+        if lease is not None:
+            return lease
+        info = read_lease(path)
+        if info is None:  # released meanwhile
+            return Lease.try_acquire(path, ttl=self.ttl)
+        if Lease.is_stale(info, ttl=self.ttl):
+            return Lease.take_over(path, info, ttl=self.ttl)
+        return None
+
+    def acquire(self, timeout: float) -> tuple[Lease | None, float]:
+        """Take a free slot, waiting up to ``timeout`` seconds: ``(slot,
+        seconds waited)``; the slot is ``None`` if none freed up in time.
+        Raises ``OSError`` if slot files cannot be created at all."""
+        t0 = time.monotonic()
+        delay = 0.02
+        while True:
+            for i in range(self.count):
+                lease = self._try(i)
+                if lease is not None:
+                    return lease, time.monotonic() - t0
+            if time.monotonic() - t0 >= timeout:
+                return None, time.monotonic() - t0
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)

@@ -215,20 +215,38 @@ def capture(
 
 
 def keep_guards(entries: Sequence[Any]) -> list[bool]:
-    """The guards a captured function keeps: every one torch can save.
+    """The guards a captured function keeps.
 
     torch's default for ahead-of-time compiles drops every guard on a
     global, so a module constant baked into the graph (``SCALE = 1.5`` set
     to 2.5 before the call) would not be checked and the saved code would
-    compute with the old value. Kept here; the guards torch cannot save
-    (identity matches on functions, modules, classes, closures) are dropped:
-    they certify objects, not values, and the traced source files are
-    hashed separately. A capture whose kept guard still cannot be saved
-    fails with :class:`AotUnsupported`, and the model runs through Dynamo."""
+    compute with the old value. Kept here: every guard on a local (the
+    inputs, the module's parameters and attributes), and every guard on a
+    global whose value is a plain constant (numbers, strings, ``None``,
+    tuples of those). Guards that certify objects by identity (functions,
+    modules, classes, ``torch.ops`` namespaces) cannot be saved and are
+    dropped; the traced source files are hashed separately. A capture whose
+    kept guard still cannot be saved fails with :class:`AotUnsupported`, and
+    the model runs through Dynamo."""
     from torch._dynamo.guards import CheckFunctionManager
 
     unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
-    return [e.guard_type not in unsupported for e in entries]
+
+    def keep(e: Any) -> bool:
+        types = {e.guard_type, *getattr(e, "derived_guard_types", ())}
+        if types & unsupported:
+            return False
+        return not e.is_global or (e.has_value and _plain_constant(e.value))
+
+    return [keep(e) for e in entries]
+
+
+def _plain_constant(v: object, depth: int = 0) -> bool:
+    if v is None or isinstance(v, bool | int | float | complex | str | bytes):
+        return True
+    if isinstance(v, tuple | frozenset) and depth < 4:
+        return all(_plain_constant(x, depth + 1) for x in v)
+    return False
 
 
 def serialize(compiled: Any) -> bytes:

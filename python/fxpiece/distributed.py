@@ -45,7 +45,7 @@ class DistributedBackend(Backend):
         "at another point (ranks that start differently would deadlock)"
     )
 
-    def slot_folder(self, mc: ModelCache | None) -> Path:
+    def slot_folder(self, mc: ModelCache | None) -> Path | None:
         """Ranks may have private cache roots: the slots are this host's
         own folder, so every rank of the host shares them."""
         return host_slot_dir()

@@ -28,7 +28,7 @@ from fxpiece.cache.keys import KERNELS_KEY, KeyFactors, kernels_digest, shared_d
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.lease import Lease, acquire_or_wait, read_lease, this_host
 from fxpiece.cache.model import ModelCache
-from fxpiece.cache.slots import CompileSlots, default_parallel_compiles, host_slot_dir
+from fxpiece.cache.slots import CompileSlots, default_parallel_compiles
 from fxpiece.cache.store import checksum
 from fxpiece.cache.trust import ensure_private_dir
 from fxpiece.config import CompileConfig
@@ -605,13 +605,14 @@ class Backend:
         """Compile one planned entry and record it in ``mc``'s index (if any)."""
         return self._compile(w, mc)
 
-    def slot_folder(self, mc: ModelCache | None) -> Path:
+    def slot_folder(self, mc: ModelCache | None) -> Path | None:
         """Where this host's compile slots are: under the cache root
-        (``locks/slots/<host>``) when the cache is written, else a private
-        folder of this host (:func:`~fxpiece.cache.slots.host_slot_dir`)."""
+        (``locks/slots/<host>``) when the cache is written; ``None`` (no
+        bound) when this process shares no cache with others (disabled or
+        read-only: it compiles in memory, alone)."""
         if mc is not None and not mc.readonly:
             return mc.layout.locks_dir / "slots" / this_host()
-        return host_slot_dir()
+        return None
 
     def parallel_compiles(self) -> int:
         """Compile slots per host: ``config.max_parallel_compiles``, else
@@ -627,6 +628,9 @@ class Backend:
         """Hold one of this host's compile slots (waiting for one, up to
         ``lock_timeout``) for the block."""
         folder = self.slot_folder(mc)
+        if folder is None:
+            yield
+            return
         if folder not in self._slots:
             slots = CompileSlots(folder, self.parallel_compiles(), ttl=self.config.lease_ttl)
             why = slots.prepare()

@@ -32,7 +32,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 py-test: install
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 test: install rust-test lint py-test
 

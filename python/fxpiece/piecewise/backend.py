@@ -39,7 +39,7 @@ from fxpiece.piecewise import _torch_compat
 from fxpiece.piecewise._torch_compat import aot
 from fxpiece.piecewise.compilers import make_compiler
 from fxpiece.piecewise.dispatch import PieceRunner, token_symbol
-from fxpiece.piecewise.factors import make_key_factors
+from fxpiece.piecewise.factors import make_key_factors, saved_key_factors
 from fxpiece.piecewise.interface import CompilerInterface
 from fxpiece.piecewise.kernels import KernelDir
 from fxpiece.piecewise.ops import resolve_splitting_ops
@@ -161,7 +161,7 @@ class Backend:
     ) -> Any:
         """Build a graph loaded ahead of time (:mod:`fxpiece.piecewise.aot_start`)."""
         traced = aot.current_files(state["traced_modules"])
-        return self.build(gm, example_inputs, traced=traced, marked=state["marked"])
+        return self.build(gm, example_inputs, traced=traced, marked=state["marked"], saved=state)
 
     def build(
         self,
@@ -170,10 +170,14 @@ class Backend:
         *,
         traced: Sequence[str] | None = None,
         marked: Sequence[tuple[int, int]] | None = None,
+        saved: dict[str, Any] | None = None,
     ) -> Any:
         """Split, plan and build one Dynamo graph. ``traced`` (the source
         files Dynamo traced) and ``marked`` (the token dims the user marked)
-        default to what Dynamo's tracing context says."""
+        default to what Dynamo's tracing context says. ``saved``: the state
+        of an ahead-of-time entry; its key factors are reused when they still
+        hold (:func:`~fxpiece.piecewise.factors.saved_key_factors`), and a
+        capture records them there."""
         t_start = time.perf_counter()
         if traced is None:
             traced = _torch_compat.traced_files()
@@ -195,7 +199,7 @@ class Backend:
         fake_args = fake_inputs(example_inputs, fake_mode)
 
         t0 = time.perf_counter()
-        cache, problem = self._open_or_skip(gm, fake_args, model_tag, traced)
+        cache, problem = self._open_or_skip(gm, fake_args, model_tag, traced, saved)
         key_s = time.perf_counter() - t0
         mc = cache.model if cache is not None else None
 
@@ -284,6 +288,7 @@ class Backend:
         fake_args: Sequence[Any],
         model_tag: str,
         traced: Sequence[str],
+        saved: dict[str, Any] | None = None,
     ) -> tuple[OpenedCache | None, str | None]:
         """The graph's cache, or ``(None, why)`` when it cannot be used: the
         graph then compiles in memory. Only the trust boundary, a required
@@ -291,7 +296,7 @@ class Backend:
         if not self.cache_enabled():
             return None, None
         try:
-            return self.open_cache(gm, fake_args, model_tag, traced), None
+            return self.open_cache(gm, fake_args, model_tag, traced, saved), None
         except (UntrustedCacheError, CacheMissError, ConfigError):
             raise
         except OSError as e:  # CacheError included: folder is a file, EACCES, EROFS, ENOSPC
@@ -305,15 +310,22 @@ class Backend:
         fake_args: Sequence[Any],
         model_tag: str,
         traced: Sequence[str],
+        saved: dict[str, Any] | None = None,
     ) -> OpenedCache:
-        """Compute the key and open the model's cache folder."""
+        """Compute the key (or reuse ``saved["factors"]``, see :meth:`build`)
+        and open the model's cache folder."""
         cfg = self.config
         readonly = cfg.cache_readonly
         root = cfg.resolved_cache_dir()
         layout = CacheLayout(root if readonly else ensure_private_dir(root))
         # The key's ISA probe compiles test programs in Inductor's folder.
-        with _torch_compat.inductor_cache_dir(str(self.kernel_dir.path)):
-            factors = make_key_factors(cfg, self.compiler.compute_hash(), gm, fake_args, traced)
+        prior = saved.get("factors") if saved is not None else None
+        factors = saved_key_factors(prior, cfg) if isinstance(prior, dict) else None
+        if factors is None:
+            with _torch_compat.inductor_cache_dir(str(self.kernel_dir.path)):
+                factors = make_key_factors(cfg, self.compiler.compute_hash(), gm, fake_args, traced)
+        if saved is not None:
+            saved["factors"] = factors.as_dict()
         miss_explanation = None
         if not layout.model_dir(factors.key, model_tag).is_dir():
             miss_explanation = self._explain_new_key(layout.root, model_tag, factors)

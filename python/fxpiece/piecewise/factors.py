@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 import fxpiece
-from fxpiece.cache.keys import KeyFactors
+from fxpiece.cache.keys import GROUPS, KeyFactors
 from fxpiece.config import CompileConfig
 from fxpiece.errors import ConfigError
 from fxpiece.hashing import hash_factors, hash_files_report
@@ -182,6 +182,48 @@ def code_factor(traced_files: Iterable[str], gm: torch.fx.GraphModule) -> dict[s
         "implementations": hash_factors({p: d for p, d in by_path.items() if p in impl_paths}),
         "files": by_path,
     }
+
+
+def _resolve_portable(path: str) -> str | None:
+    """The file a :func:`portable_path` names in this process: the first
+    ``sys.path`` entry holding it (as an import would find it)."""
+    if os.path.isabs(path):
+        return path if os.path.isfile(path) else None
+    for entry in sys.path:
+        candidate = os.path.join(os.path.abspath(entry or os.curdir), path)
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def saved_key_factors(saved: Mapping[str, Any], config: CompileConfig) -> KeyFactors | None:
+    """The factors saved with an ahead-of-time entry, if they still hold:
+    the environment, config and Inductor factors are computed again and
+    must be equal, and every file of the code factor (traced sources and op
+    implementations, found again by portable path) must hash the same. The
+    graph is the saved graph, and the compiler factors are part of the
+    launch key the entry was found under. ``None``: compute them again."""
+    try:
+        kf = KeyFactors(**{g: saved[g] for g in GROUPS})
+    except (KeyError, TypeError):
+        return None
+    files = kf.code.get("files") if isinstance(kf.code, dict) else None
+    if not isinstance(files, dict):
+        return None
+    if (
+        kf.env != env_factors()
+        or kf.config != config_factors(config)
+        or kf.inductor != inductor_factors(config.inductor_config)
+    ):
+        return None
+    paths = {p: _resolve_portable(p) for p in files}
+    if any(v is None for v in paths.values()):
+        return None
+    report = hash_files_report(sorted({v for v in paths.values() if v is not None}))
+    now = {f.path: f.digest for f in report.files}
+    if any(now.get(paths[p] or "") != digest for p, digest in files.items()):
+        return None
+    return kf
 
 
 def make_key_factors(

@@ -60,12 +60,16 @@ def worker(
     max_tokens: int,
     latency_sizes: Sequence[int],
     reps: int,
-    one_thread: bool = False,
+    threads: int | None = None,
 ) -> dict[str, Any]:
-    """One phase in this process; returns what it measured (``one_thread``:
-    also the latencies with ``torch.set_num_threads(1)``)."""
+    """One phase in this process; returns what it measured (``threads``:
+    ``torch.set_num_threads`` first, before anything is compiled, as a
+    server would)."""
     t_import = time.perf_counter()
     import torch
+
+    if threads:
+        torch.set_num_threads(threads)
 
     import fxpiece
     from fxpiece.piecewise import _torch_compat
@@ -122,11 +126,7 @@ def worker(
         )
     sizes = [(str(n), torch.arange(n) % model.cfg.vocab_size) for n in latency_sizes]
     out["latency_s"] = {n: _latency(compiled, ids, reps) for n, ids in sizes}
-    if one_thread:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        out["latency_t1_s"] = {n: _latency(compiled, ids, reps) for n, ids in sizes}
-        torch.set_num_threads(threads)
+    out["threads"] = torch.get_num_threads()
     return out
 
 
@@ -164,7 +164,7 @@ def run_phase(mode: str, cache_dir: str, args: argparse.Namespace) -> dict[str, 
         str(args.reps),
         "--latency-sizes",
         ",".join(str(s) for s in args.latency_sizes),
-        *(["--one-thread"] if getattr(args, "one_thread", False) else []),
+        *(["--threads", str(args.threads)] if getattr(args, "threads", None) else []),
     ]
     t0 = time.perf_counter()
     # stderr passes through: the worker's progress bar shows live.
@@ -190,7 +190,7 @@ def _parser() -> argparse.ArgumentParser:
         type=lambda s: [int(x) for x in s.split(",")],
         default=[1, 16, 128],
     )
-    p.add_argument("--one-thread", action="store_true", help="also time with 1 thread")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads before compiling")
     return p
 
 
@@ -216,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.max_tokens,
             a.latency_sizes,
             a.reps,
-            a.one_thread,
+            a.threads,
         )
         print(json.dumps(res))
         return 0

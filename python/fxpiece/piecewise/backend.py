@@ -96,6 +96,8 @@ class Backend:
         self._tags_seen: set[str] = set()
         self._slots: dict[Path, CompileSlots | None] = {}
         """Compile slots by folder (``None``: the folder is unusable)."""
+        self._slot_held = False
+        """A slot is held for the compile under way (taken before its lease)."""
         if self.config.use_inductor_graph_partition:
             self._inductor_options.update(self._partition_options())
         if self.config.allow_untrusted_cache and self.cache_enabled():
@@ -427,29 +429,56 @@ class Backend:
         return ready
 
     def _compile_if_free(self, w: Work, mc: ModelCache) -> Callable[..., Any] | None:
-        """Compile ``w`` if its lease is free (or stale); ``None`` if another
-        process holds it."""
-        path = str(mc.layout.lease_path(w.digest))
-        ttl = self.config.lease_ttl
-        try:
-            ensure_private_dir(mc.layout.locks_dir)
-            lease = Lease.try_acquire(path, ttl=ttl)
-            if lease is None:
-                info = read_lease(path)
-                if info is not None and Lease.is_stale(info, ttl=ttl):
-                    lease = Lease.take_over(path, info, ttl=ttl)
-        except OSError:
-            return None  # the second pass compiles it without a lease
-        if lease is None:
+        """Compile ``w`` now if a compile slot of this host is free and its
+        lease is free (or stale); ``None`` otherwise (the second pass waits
+        for the holder, or for a slot). Taking a piece only with a free slot
+        keeps a rank from queueing for a slot behind another rank's compile
+        with a lease others could have waited on: with one slot per host,
+        one rank compiles while the others load what it stores."""
+        slot = self._try_slot(mc)
+        if slot is None:
             return None
         try:
-            fn = self._poll(w, mc)  # finished between our miss and our lease
-            if fn is not None:
-                return fn
-            self.count("num_cache_misses")
-            return self.compile_work(w, mc)
+            path = str(mc.layout.lease_path(w.digest))
+            ttl = self.config.lease_ttl
+            try:
+                ensure_private_dir(mc.layout.locks_dir)
+                lease = Lease.try_acquire(path, ttl=ttl)
+                if lease is None:
+                    info = read_lease(path)
+                    if info is not None and Lease.is_stale(info, ttl=ttl):
+                        lease = Lease.take_over(path, info, ttl=ttl)
+            except OSError:
+                return None  # the second pass compiles it without a lease
+            if lease is None:
+                return None
+            try:
+                fn = self._poll(w, mc)  # finished between our miss and our lease
+                if fn is not None:
+                    return fn
+                self.count("num_cache_misses")
+                self._slot_held = True
+                try:
+                    return self.compile_work(w, mc)
+                finally:
+                    self._slot_held = False
+            finally:
+                lease.release()
         finally:
-            lease.release()
+            if isinstance(slot, Lease):
+                slot.release()
+
+    def _try_slot(self, mc: ModelCache) -> Lease | bool | None:
+        """A free compile slot without waiting: the slot, ``True`` when
+        compiles are not bounded here, ``None`` when every slot is taken."""
+        slots = self._slots_for(self.slot_folder(mc))
+        if slots is None:
+            return True
+        try:
+            slot, _ = slots.acquire(0.0)
+        except OSError:
+            return True
+        return slot
 
     def _build_piece(
         self,
@@ -635,21 +664,23 @@ class Backend:
         self.stats.max_parallel_compiles = n
         return n
 
-    @contextlib.contextmanager
-    def compile_slot(self, w: Work, mc: ModelCache | None) -> Iterator[None]:
-        """Hold one of this host's compile slots (waiting for one, up to
-        ``lock_timeout``) for the block."""
-        folder = self.slot_folder(mc)
+    def _slots_for(self, folder: Path | None) -> CompileSlots | None:
+        """The slots in ``folder`` (``None``: no folder, or it is unusable)."""
         if folder is None:
-            yield
-            return
+            return None
         if folder not in self._slots:
             slots = CompileSlots(folder, self.parallel_compiles(), ttl=self.config.lease_ttl)
             why = slots.prepare()
             if why is not None:
                 _log.warning("fxpiece: compile slots unusable (%s); compiles are not bounded", why)
             self._slots[folder] = None if why is not None else slots
-        slots_or_none = self._slots[folder]
+        return self._slots[folder]
+
+    @contextlib.contextmanager
+    def compile_slot(self, w: Work, mc: ModelCache | None) -> Iterator[None]:
+        """Hold one of this host's compile slots (waiting for one, up to
+        ``lock_timeout``) for the block."""
+        slots_or_none = None if self._slot_held else self._slots_for(self.slot_folder(mc))
         if slots_or_none is None:
             yield
             return

@@ -117,7 +117,6 @@ def test_compile_slots_bound_concurrent_compiles_across_processes(
     assert len(intervals) == 4
     if slots == 1:
         assert _overlaps(intervals) == 1, sorted(intervals)
-        assert sum(r["slot_wait_s"] for r in results) > 3.0
     else:
         assert _overlaps(intervals) == 2, sorted(intervals)
         assert sum(1 for r in results if r["num_eager_compiles"]) >= 2, "work was stolen"

@@ -71,7 +71,8 @@ def _spawn(
     tmp_path: Path, cache: Path, compiler: str, layers: int, **env: str
 ) -> subprocess.Popen[str]:
     script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
+    if not script.exists():  # rewriting it could truncate it under a starting rank
+        script.write_text(RANK_SCRIPT)
     return subprocess.Popen(
         [sys.executable, str(script), str(cache), compiler, str(layers)],
         stdout=subprocess.PIPE,

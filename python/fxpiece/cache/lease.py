@@ -215,6 +215,20 @@ class Lease:
         _unlink(aside)
         return cls.try_acquire(path, host=host, ttl=ttl)
 
+    @classmethod
+    def try_take(cls, path: str, *, ttl: float) -> Lease | None:
+        """Take the lease if it is free or stale (taken over); ``None`` if a
+        live holder has it. Never waits."""
+        lease = cls.try_acquire(path, ttl=ttl)
+        if lease is not None:
+            return lease
+        info = read_lease(path)
+        if info is None:  # released meanwhile
+            return cls.try_acquire(path, ttl=ttl)
+        if cls.is_stale(info, ttl=ttl):
+            return cls.take_over(path, info, ttl=ttl)
+        return None
+
     def _heartbeat(self) -> None:
         period = max(0.05, self.ttl / 3)
         while not self._stop.wait(period):
@@ -273,11 +287,7 @@ def acquire_or_wait(
         result = poll()
         if result is not None:
             return WaitOutcome(None, result, time.monotonic() - t0)
-        info = read_lease(path)
-        if info is None:
-            lease = Lease.try_acquire(path, ttl=ttl)
-        elif Lease.is_stale(info, ttl=ttl):
-            lease = Lease.take_over(path, info, ttl=ttl)
+        lease = Lease.try_take(path, ttl=ttl)
         if lease is not None:
             return WaitOutcome(lease, None, time.monotonic() - t0)
         if time.monotonic() - t0 > timeout:

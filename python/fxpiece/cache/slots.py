@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fxpiece.cache.lease import DEFAULT_LEASE_TTL, Lease, read_lease
+from fxpiece.cache.lease import DEFAULT_LEASE_TTL, Lease
 
 __all__ = ["CompileSlots", "default_parallel_compiles", "host_slot_dir"]
 
@@ -98,18 +98,6 @@ class CompileSlots:
             return f"cannot create {self.folder}: {e.strerror}"
         return _private(self.folder)
 
-    def _try(self, i: int) -> Lease | None:
-        path = str(self.folder / f"slot-{i}.lease")
-        lease = Lease.try_acquire(path, ttl=self.ttl)
-        if lease is not None:
-            return lease
-        info = read_lease(path)
-        if info is None:  # released meanwhile
-            return Lease.try_acquire(path, ttl=self.ttl)
-        if Lease.is_stale(info, ttl=self.ttl):
-            return Lease.take_over(path, info, ttl=self.ttl)
-        return None
-
     def acquire(self, timeout: float) -> tuple[Lease | None, float]:
         """Take a free slot, waiting up to ``timeout`` seconds: ``(slot,
         seconds waited)``; the slot is ``None`` if none freed up in time.
@@ -118,7 +106,7 @@ class CompileSlots:
         delay = 0.02
         while True:
             for i in range(self.count):
-                lease = self._try(i)
+                lease = Lease.try_take(str(self.folder / f"slot-{i}.lease"), ttl=self.ttl)
                 if lease is not None:
                     return lease, time.monotonic() - t0
             if time.monotonic() - t0 >= timeout:

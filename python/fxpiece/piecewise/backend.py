@@ -26,7 +26,7 @@ import torch.fx
 import fxpiece
 from fxpiece.cache.keys import KERNELS_KEY, KeyFactors, kernels_digest, shared_digest
 from fxpiece.cache.layout import CacheLayout
-from fxpiece.cache.lease import Lease, acquire_or_wait, read_lease, this_host
+from fxpiece.cache.lease import Lease, acquire_or_wait, this_host
 from fxpiece.cache.model import ModelCache
 from fxpiece.cache.slots import CompileSlots, default_parallel_compiles
 from fxpiece.cache.store import checksum
@@ -443,11 +443,7 @@ class Backend:
             ttl = self.config.lease_ttl
             try:
                 ensure_private_dir(mc.layout.locks_dir)
-                lease = Lease.try_acquire(path, ttl=ttl)
-                if lease is None:
-                    info = read_lease(path)
-                    if info is not None and Lease.is_stale(info, ttl=ttl):
-                        lease = Lease.take_over(path, info, ttl=ttl)
+                lease = Lease.try_take(path, ttl=ttl)
             except OSError:
                 return None  # the second pass compiles it without a lease
             if lease is None:

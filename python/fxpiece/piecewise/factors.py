@@ -196,6 +196,21 @@ def _resolve_portable(path: str) -> str | None:
     return None
 
 
+def _loaded_files(portable: set[str]) -> dict[str, str]:
+    """``{portable path: file}`` of the imported modules among ``portable``:
+    the file a module was really imported from wins over a ``sys.path``
+    search (an earlier entry may hold another copy)."""
+    out: dict[str, str] = {}
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if not isinstance(f, str) or not any(f.endswith(p) for p in portable):
+            continue
+        rel = portable_path(f)
+        if rel in portable:
+            out.setdefault(rel, f)
+    return out
+
+
 def saved_key_factors(saved: Mapping[str, Any], config: CompileConfig) -> KeyFactors | None:
     """The factors saved with an ahead-of-time entry, if they still hold:
     the environment, config and Inductor factors are computed again and
@@ -216,7 +231,8 @@ def saved_key_factors(saved: Mapping[str, Any], config: CompileConfig) -> KeyFac
         or kf.inductor != inductor_factors(config.inductor_config)
     ):
         return None
-    paths = {p: _resolve_portable(p) for p in files}
+    loaded = _loaded_files(set(files))
+    paths = {p: loaded.get(p) or _resolve_portable(p) for p in files}
     if any(v is None for v in paths.values()):
         return None
     report = hash_files_report(sorted({v for v in paths.values() if v is not None}))

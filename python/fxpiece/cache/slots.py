@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 
 from fxpiece.cache.lease import DEFAULT_LEASE_TTL, Lease
+from fxpiece.cache.trust import ensure_private_dir
+from fxpiece.errors import CacheError
 
 __all__ = ["CompileSlots", "default_parallel_compiles", "host_slot_dir"]
 
@@ -87,15 +89,9 @@ class CompileSlots:
         """Create the folder (0700, every level we create); why it cannot be
         used, or ``None``."""
         try:
-            missing = []
-            p = self.folder
-            while not p.exists() and p != p.parent:
-                missing.append(p)
-                p = p.parent
-            for d in reversed(missing):
-                d.mkdir(mode=0o700, exist_ok=True)
-        except OSError as e:
-            return f"cannot create {self.folder}: {e.strerror}"
+            ensure_private_dir(self.folder)
+        except CacheError as e:
+            return str(e)
         return _private(self.folder)
 
     def acquire(self, timeout: float) -> tuple[Lease | None, float]:

@@ -9,17 +9,26 @@ hidden 1024, BF16):
   stock ``torch.compile(backend="inductor")`` warm (target: <= 0.6x), and
   the whole warm process vs stock;
 - steady-state latency at 1, 16 and 256 tokens vs whole-graph Inductor,
-  with all threads and with ``torch.set_num_threads(1)`` (target: <= 1.05x).
+  with all threads and with ``torch.set_num_threads(1)`` (target: <= 1.05x);
+- Hugging Face ``generate()`` (examples/hf_generate.py: a 2-layer Llama,
+  7-token prompt, 4 new tokens; three Dynamo graphs): the first
+  ``generate`` cold and warm vs stock ``torch.compile`` (target: warm <=
+  1.0x), and a second ``generate`` (steady state).
 
-    python benches/bench_startup.py [--only toy|large] [--reps 50]
+    python benches/bench_startup.py [--only toy|large|hf] [--reps 50]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import subprocess
 import sys
 import tempfile
+import time
+from pathlib import Path
+from typing import Any
 
 from fxpiece.demo import run_phase
 
@@ -102,6 +111,55 @@ def bench_model(name: str, layers: int, hidden: int, a: argparse.Namespace) -> N
     print(f"max |out - eager|: cold {cold['max_abs_diff']:.3g}, warm {warm['max_abs_diff']:.3g}")
 
 
+HF_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "hf_generate.py"
+
+
+def hf_phase(backend: str, folder: str) -> dict[str, Any]:
+    """One fresh process running examples/hf_generate.py; ``folder`` holds
+    fxpiece's cache or (stock) Inductor's cache."""
+    env = dict(os.environ)
+    cmd = [sys.executable, str(HF_EXAMPLE), "--new-tokens", "4", "--backend", backend]
+    if backend == "stock":
+        env["TORCHINDUCTOR_CACHE_DIR"] = folder
+    else:
+        cmd += ["--cache", folder]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench: hf_generate --backend {backend} failed (exit {proc.returncode})")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["process_s"] = time.perf_counter() - t0
+    return result
+
+
+def bench_hf() -> None:
+    fx_dir = tempfile.mkdtemp(prefix="fxpiece-bench-hf-")
+    stock_dir = tempfile.mkdtemp(prefix="fxpiece-bench-hf-inductor-")
+    print("\n== hf: LlamaForCausalLM 2 layers, hidden 64, generate() 7 + 4 tokens", flush=True)
+    cold, warm = hf_phase("fxpiece", fx_dir), hf_phase("fxpiece", fx_dir)
+    s_cold, s_warm = hf_phase("stock", stock_dir), hf_phase("stock", stock_dir)
+    ok = all(r["tokens_equal_eager"] for r in (cold, warm, s_cold, s_warm))
+    print(
+        f"graphs: fxpiece {cold['graphs']}, stock {s_cold['graphs']}; fxpiece Inductor "
+        f"compiles cold {cold['inductor_compiles']}, warm {warm['inductor_compiles']}; "
+        f"tokens equal eager: {ok}"
+    )
+    for label, ours, base in (("cold", cold, s_cold), ("warm", warm, s_warm)):
+        q = ours["seconds"] / base["seconds"]
+        target = f"(target <= 1.0) {verdict(q <= 1.0)}" if label == "warm" else ""
+        print(
+            f"first generate {label}: fxpiece {ours['seconds']:.2f} s, stock "
+            f"{base['seconds']:.2f} s -> {q:.2f}x {target}; whole process "
+            f"{ours['process_s']:.2f} s vs {base['process_s']:.2f} s "
+            f"-> {ours['process_s'] / base['process_s']:.2f}x"
+        )
+    st = warm["steady_seconds"] / s_warm["steady_seconds"]
+    print(
+        f"second generate (steady): fxpiece {warm['steady_seconds'] * 1e3:.2f} ms, stock "
+        f"{s_warm['steady_seconds'] * 1e3:.2f} ms -> {st:.2f}x"
+    )
+
+
 def inductor_import_floor() -> float:
     """Seconds a fresh process spends importing ``torch._inductor.compile_fx``
     after ``torch`` and ``torch._dynamo`` (median of 3): both warm first
@@ -124,12 +182,14 @@ def inductor_import_floor() -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--only", choices=sorted(MODELS))
+    p.add_argument("--only", choices=[*sorted(MODELS), "hf"])
     p.add_argument("--reps", type=int, default=50)
     a = p.parse_args()
     for name, spec in MODELS.items():
         if a.only in (None, name):
             bench_model(name, spec["layers"], spec["hidden"], a)
+    if a.only in (None, "hf"):
+        bench_hf()
 
 
 if __name__ == "__main__":

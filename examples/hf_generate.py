@@ -8,11 +8,12 @@ fresh process) loads them all and compiles nothing::
     python examples/hf_generate.py --cache /tmp/fxpiece-hf
     python examples/hf_generate.py --cache /tmp/fxpiece-hf   # warm: 0 compiles
 
-Needs ``transformers`` (a dev dependency). Token dims: ``fxpiece.compile``
-marks dim 0 of every tensor argument (the batch dim here). Marking the
-sequence dim (``dynamic_arg_dims={"input_ids": 1}``) makes Dynamo fail in
-transformers' masking code on torch 2.15 ("vr must not be None"), with
-backed and unbacked dims alike; see the README.
+Needs ``transformers`` (a dev dependency). The token dim is the sequence
+dim of ``input_ids`` (``dynamic_arg_dims={"input_ids": 1}``), marked
+backed (``dynamic="backed"``): unbacked sizes make transformers' masking
+code break the graph. Prefill dispatches on the prompt length, each decode
+step on 1 token (the ``[1, 1]`` entry), whatever the KV cache length; the
+printed ``dispatch`` shows which entry served each token count.
 """
 
 from __future__ import annotations
@@ -27,11 +28,44 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import fxpiece
 
 
+def _dispatch(compiled: fxpiece.CompiledModel) -> dict[str, list[str]]:
+    """Token count -> the entries that served it, over every piece that
+    dispatches on the token count."""
+    seen: dict[int, set[str]] = {}
+    for graph in compiled.stats.graphs:
+        for runner in graph.runners:
+            for size, entry in runner.chosen.items():
+                seen.setdefault(size, set()).add(str(entry) if entry else "uncompiled")
+    return {str(k): sorted(v) for k, v in sorted(seen.items())}
+
+
+def _generate(
+    model: LlamaForCausalLM, ids: torch.Tensor, n: int
+) -> tuple[torch.Tensor, float, float]:
+    """Greedy ``generate`` twice: the output and the seconds of the first
+    call (startup: trace, compile or load) and of the second (steady)."""
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=n, do_sample=False)
+        times.append(time.perf_counter() - t0)
+    return out, times[0], times[1]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cache", required=True, help="fxpiece cache root")
+    p.add_argument("--cache", help="fxpiece cache root (required for --backend fxpiece)")
     p.add_argument("--new-tokens", type=int, default=5)
+    p.add_argument(
+        "--backend",
+        choices=["fxpiece", "stock"],
+        default="fxpiece",
+        help="stock: torch.compile(backend='inductor') instead, for comparison",
+    )
     a = p.parse_args()
+    if a.backend == "fxpiece" and not a.cache:
+        p.error("--cache is required with --backend fxpiece")
     torch.manual_seed(0)
     cfg = LlamaConfig(
         vocab_size=256,
@@ -47,33 +81,42 @@ def main() -> int:
     ids = torch.randint(0, cfg.vocab_size, (1, 7))
     with torch.no_grad():
         eager = model.generate(ids, max_new_tokens=a.new_tokens, do_sample=False)
-    config = fxpiece.CompileConfig(
-        splitting_ops=["torch.nn.functional.scaled_dot_product_attention"],
-        max_num_tokens=64,
-        compile_sizes=[1],
-        cache_dir=a.cache,
-    )
-    compiled = fxpiece.compile(model.forward, config)
-    model.forward = compiled  # type: ignore[method-assign]
-    before = fxpiece.counters.snapshot()
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=a.new_tokens, do_sample=False)
-    seconds = time.perf_counter() - t0
-    after = fxpiece.counters.snapshot()
-    print(
-        json.dumps(
-            {
-                "tokens_equal_eager": bool(torch.equal(out, eager)),
-                "seconds": round(seconds, 2),
-                "graphs": len(compiled.stats.graphs),
-                "inductor_compiles": after["num_inductor_compiles"]
-                - before["num_inductor_compiles"],
-                "cache_hits": after["num_cache_hits"] - before["num_cache_hits"],
-                "corrupt": after["num_corrupt_artifacts"] - before["num_corrupt_artifacts"],
-            }
+    if a.backend == "stock":
+        # Stock torch.compile, for comparison (its caches: TORCHINDUCTOR_CACHE_DIR).
+        model.forward = torch.compile(model.forward, backend="inductor")  # type: ignore[method-assign]
+        out, seconds, again = _generate(model, ids, a.new_tokens)
+        stats = torch._dynamo.utils.counters["stats"]
+        report: dict[str, object] = {"graphs": stats["unique_graphs"]}
+    else:
+        config = fxpiece.CompileConfig(
+            splitting_ops=["torch.nn.functional.scaled_dot_product_attention"],
+            max_num_tokens=ids.shape[1] + 1,  # decode KV lengths go past it: not the token count
+            compile_sizes=[1],
+            dynamic="backed",
+            cache_dir=a.cache,
         )
-    )
+        compiled = fxpiece.compile(model.forward, config, dynamic_arg_dims={"input_ids": 1})
+        model.forward = compiled  # type: ignore[method-assign]
+        before = fxpiece.counters.snapshot()
+        out, seconds, again = _generate(model, ids, a.new_tokens)
+        after = fxpiece.counters.snapshot()
+        d = {k: after[k] - before[k] for k in after}
+        report = {
+            "graphs": len(compiled.stats.graphs),
+            "inductor_compiles": d["num_inductor_compiles"],
+            "entries_built": d["num_backend_compilations"],
+            "cache_hits": d["num_cache_hits"],
+            "corrupt": d["num_corrupt_artifacts"],
+            "uncompiled_runs": d["num_uncompiled_runs"],
+            "dispatch": _dispatch(compiled),
+        }
+    result = {
+        "tokens_equal_eager": bool(torch.equal(out, eager)),
+        "seconds": round(seconds, 3),
+        "steady_seconds": round(again, 4),
+        **report,
+    }
+    print(json.dumps(result))
     return 0 if torch.equal(out, eager) else 1
 
 

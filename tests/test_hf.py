@@ -1,5 +1,7 @@
 """Hugging Face ``generate()`` compiled piecewise (examples/hf_generate.py):
-tokens equal eager; a warm start in a fresh process compiles nothing."""
+tokens equal eager; the cold run compiles each unique piece once and every
+graph's index points at it; decode steps dispatch to the 1-token entry;
+a warm start in a fresh process compiles nothing."""
 
 from __future__ import annotations
 
@@ -15,25 +17,54 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
 
 EXAMPLE = TESTS_DIR.parent / "examples" / "hf_generate.py"
+PROMPT = 7  # the example's prompt length; max_num_tokens is PROMPT + 1
 
 
-def _run(cache: Path) -> dict[str, object]:
+def _run(*args: str) -> str:
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--cache", str(cache), "--new-tokens", "4"],
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [sys.executable, *args], capture_output=True, text=True, timeout=600, check=False
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return proc.stdout
+
+
+def _generate(cache: Path) -> dict[str, object]:
+    out = _run(str(EXAMPLE), "--cache", str(cache), "--new-tokens", "4")
+    result: dict[str, object] = json.loads(out.strip().splitlines()[-1])
     return result
 
 
-def test_generate_tokens_equal_eager_and_warm_start_compiles_nothing(tmp_path: Path) -> None:
-    cold = _run(tmp_path / "cache")
+def _index_entries(cache: Path) -> list[dict[str, object]]:
+    listing = json.loads(_run("-m", "fxpiece", "cache", "ls", "--json", str(cache)))
+    return [
+        e
+        for m in listing["models"]
+        for e in m["entries"]
+        if e["compiler"] != "aot"  # the model's ahead-of-time record, not a piece
+    ]
+
+
+def test_generate_compiles_unique_pieces_once_dispatches_decode_to_one_token(
+    tmp_path: Path,
+) -> None:
+    cache = tmp_path / "cache"
+    cold = _generate(cache)
     assert cold["tokens_equal_eager"] is True
-    assert isinstance(cold["inductor_compiles"], int) and cold["inductor_compiles"] > 0
-    warm = _run(tmp_path / "cache")
+    assert isinstance(cold["graphs"], int) and cold["graphs"] > 1  # prefill + decode graphs
+    entries = _index_entries(cache)
+    # Every (graph, piece, entry) built has an index entry, and the compiles
+    # equal the distinct artifacts they point at: pieces shared between
+    # graphs were compiled once.
+    assert len(entries) == cold["entries_built"], (entries, cold)
+    assert cold["inductor_compiles"] == len({e["digest"] for e in entries}), cold
+    assert len({e["digest"] for e in entries}) < len(entries)  # some piece is shared
+    # Prefill runs the range entry for the prompt's length; every decode step
+    # (KV cache longer than max_num_tokens) runs the exact entry for 1 token.
+    assert cold["dispatch"] == {"1": ["1"], str(PROMPT): [f"[1,{PROMPT + 1}]"]}, cold
+    assert cold["uncompiled_runs"] == 0
+
+    warm = _generate(cache)
     assert warm["tokens_equal_eager"] is True
     assert warm["inductor_compiles"] == 0 and warm["corrupt"] == 0, warm
-    assert isinstance(warm["cache_hits"], int) and warm["cache_hits"] > 0
+    assert warm["cache_hits"] == cold["entries_built"], warm
+    assert warm["dispatch"] == cold["dispatch"] and warm["uncompiled_runs"] == 0

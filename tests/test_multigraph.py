@@ -3,6 +3,9 @@ never replaced, so a warm start compiles nothing and finds nothing corrupt."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,22 @@ def test_shared_piece_warm_start_compiles_nothing(run_py: PyRunner, tmp_path: Pa
     # from f's artifact), only the sub piece compiles.
     assert cold["num_inductor_compiles"] == 3, cold
     assert cold["num_corrupt_artifacts"] == 0
+    # g's index points at the shared artifact too (not only f's).
+    listing = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "fxpiece", "cache", "ls", "--json", str(cache)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    digests = {
+        m["key"]: {e["digest"] for e in m["entries"]}
+        for m in listing["models"]
+        if m["key"] in cold["keys"]
+    }
+    assert sorted(len(d) for d in digests.values()) == [2, 2], listing
+    assert len(set.union(*digests.values())) == 3
     for _ in range(2):
         warm = _run(run_py, cache)
         assert warm["ok"], warm

@@ -335,7 +335,7 @@ class AotStart:
             "fxpiece: ahead-of-time warm start unavailable for model tag %r (%s): %s; "
             "Dynamo traces the model on every start",
             self.model_tag,
-            "recorded by an earlier start" if recorded else "it does not trace as one graph",
+            "recorded by an earlier start" if recorded else "its capture failed",
             reason,
         )
 

@@ -500,6 +500,7 @@ class Backend:
                 w.stats.reused += 1
                 self.count("num_cache_hits")
                 action = "reused"
+                self._index_shared(w, mc)
             else:
                 compiled_before = w.stats.compiled
                 fn = self._obtain(w, mc)
@@ -630,13 +631,31 @@ class Backend:
         w.stats.load_s += time.perf_counter() - t0
         w.stats.loaded += 1
         self.count("num_cache_hits")
-        if shared is not None and not mc.readonly:
-            try:
-                mc.index.insert(w.key, value)
-                self.count("num_cache_entries_updated")
-            except CacheError as e:
-                _log.warning("fxpiece: could not record piece %d in the index: %s", w.item.index, e)
+        if shared is not None:
+            self._record(w, mc, value)
         return fn
+
+    def _index_shared(self, w: Work, mc: ModelCache | None) -> None:
+        """Point this graph's index entry at the stored artifact of a piece
+        built earlier in this process (another graph's identical piece), so
+        a warm start finds it through the index."""
+        if mc is None or mc.readonly:
+            return
+        value = mc.index.get(w.key)
+        if isinstance(value, dict) and value.get("digest") == w.digest:
+            return
+        handle = mc.artifacts.existing(w.digest)
+        if handle is not None:  # None: it could not be stored (compiled in memory)
+            self._record(w, mc, {"digest": w.digest, "handle": handle})
+
+    def _record(self, w: Work, mc: ModelCache, value: dict[str, Any]) -> None:
+        if mc.readonly:
+            return
+        try:
+            mc.index.insert(w.key, value)
+            self.count("num_cache_entries_updated")
+        except CacheError as e:
+            _log.warning("fxpiece: could not record piece %d in the index: %s", w.item.index, e)
 
     def compile_work(self, w: Work, mc: ModelCache | None) -> Callable[..., Any]:
         """Compile one planned entry and record it in ``mc``'s index (if any)."""

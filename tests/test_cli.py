@@ -121,11 +121,14 @@ def cache(built: Built, tmp_path: Path) -> Path:
 
 
 def bundles(root: Path) -> list[Path]:
-    """The kernel bundles (one artifact per Inductor model: its compiled kernels)."""
+    """The kernel bundles (Inductor's compiled kernels: per piece entry and per model)."""
     return sorted(
-        root / m.kernels.artifact
-        for m in list_cache(root).models
-        if m.kernels is not None and m.kernels.artifact is not None
+        {
+            root / k.artifact
+            for m in list_cache(root).models
+            for k in m.kernels
+            if k.artifact is not None
+        }
     )
 
 

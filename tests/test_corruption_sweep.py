@@ -42,7 +42,7 @@ from conftest import TESTS_DIR
 
 from fxpiece import CacheIndex
 from fxpiece.cache.explain import FACTORS_LIMIT, read_factors
-from fxpiece.cache.keys import KERNELS_KEY
+from fxpiece.cache.keys import is_kernels_key
 from fxpiece.cache.layout import FACTORS_FILE, GRAPH_FILE, CacheLayout
 from fxpiece.cache.lease import LEASE_LIMIT, namespace_id, read_lease, this_host
 from fxpiece.cache.model import ModelCache
@@ -130,15 +130,15 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     folder = Path(r["folder"])
     index = CacheIndex(str(folder / "index"))
     entries = dict(index.entries())
-    kernels = entries.pop(KERNELS_KEY)["handle"]["artifact"]
-    piece = next(v for k, v in sorted(entries.items()))
+    kernels = next(v for k, v in sorted(entries.items()) if is_kernels_key(k))
+    piece = next(v for k, v in sorted(entries.items()) if not is_kernels_key(k))
     return SimpleNamespace(
         tmp=tmp,
         pkg=pkg,
         cache=cache,
         cold=cold,
         model_rel=folder.relative_to(cache),
-        kernels_rel=kernels,
+        kernels_rel=kernels["handle"]["artifact"],
         piece_rel=piece["handle"]["artifact"],
         piece_digest=piece["digest"],
     )

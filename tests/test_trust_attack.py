@@ -23,7 +23,7 @@ import torch
 from conftest import PyRunner, run_toy_subprocess
 
 from fxpiece.cache.index import CacheIndex
-from fxpiece.cache.keys import KERNELS_KEY
+from fxpiece.cache.keys import is_kernels_key
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.store import ArtifactStore, encode_artifact
 from fxpiece.piecewise.kernels import KernelDir
@@ -114,11 +114,12 @@ def generated_modules(cache: Path) -> dict[str, bytes]:
     """The generated Python files of the cached kernel bundle (what the old
     design kept under <root>/inductor), by relative path."""
     (index,) = list(cache.glob("models/*/backbone/index"))
-    value = CacheIndex(str(index), readonly=True).get(KERNELS_KEY)
-    payload = ArtifactStore(CacheLayout(cache), readonly=True).load(value["handle"])
-    assert payload is not None
     kd = KernelDir()
-    kd.unpack(payload)
+    for key, value in CacheIndex(str(index), readonly=True).entries():
+        if is_kernels_key(key):
+            payload = ArtifactStore(CacheLayout(cache), readonly=True).load(value["handle"])
+            assert payload is not None
+            kd.unpack(payload)
     return {rel: p.read_bytes() for rel, p in kd.files().items() if rel.endswith(".py")}
 
 
@@ -156,7 +157,7 @@ def test_artifact_planted_in_a_writable_folder_is_refused(
     built: tuple[Path, Path, Path], victim: Path, run_py: PyRunner, tmp_path: Path
 ) -> None:
     (index,) = list(victim.glob("models/*/backbone/index"))
-    piece = next(v for k, v in CacheIndex(str(index)).entries() if k != KERNELS_KEY)
+    piece = next(v for k, v in CacheIndex(str(index)).entries() if not is_kernels_key(k))
     target = victim / piece["handle"]["artifact"]
     shard = target.parent
     os.chmod(shard, 0o777)

@@ -31,13 +31,16 @@ __all__ = [
     "AOT_KEY",
     "AOT_TAG_SUFFIX",
     "GROUPS",
+    "KERNELS",
     "KERNELS_KEY",
     "IndexKey",
     "KeyFactors",
     "artifact_digest",
     "factors_key",
     "index_key",
+    "is_kernels_key",
     "kernels_digest",
+    "piece_kernels_key",
     "shared_digest",
 ]
 
@@ -46,8 +49,25 @@ GROUPS = ("env", "config", "inductor", "graph", "code", "compiler")
 
 IndexKey = tuple[int, int, int, str]
 
-KERNELS_KEY: IndexKey = (0, 0, -1, "kernels")
-"""Where a model's index keeps its kernel bundle (:mod:`fxpiece.piecewise.kernels`)."""
+KERNELS = "kernels"
+"""The compiler field of the index keys that hold kernel bundles."""
+KERNELS_KEY: IndexKey = (0, 0, -1, KERNELS)
+"""Where a model's index keeps the kernel bundle of what a build compiled
+outside any piece or rebuilt while loading (:mod:`fxpiece.piecewise.kernels`)."""
+
+
+def piece_kernels_key(key: IndexKey) -> IndexKey:
+    """Where a model's index keeps the kernels a piece's compile built
+    (next to the piece's own ``key``), so a process that loads the piece
+    as soon as it is stored does not rebuild them."""
+    return (key[0], key[1], key[2], KERNELS)
+
+
+def is_kernels_key(key: IndexKey) -> bool:
+    """Whether an index entry is a kernel bundle rather than a piece."""
+    return key[3] == KERNELS
+
+
 AOT_KEY: IndexKey = (0, 0, -2, "aot")
 """Where a launch folder's index keeps its ahead-of-time entry
 (:mod:`fxpiece.piecewise.aot_start`)."""

@@ -24,7 +24,15 @@ import torch
 import torch.fx
 
 import fxpiece
-from fxpiece.cache.keys import KERNELS_KEY, KeyFactors, kernels_digest, shared_digest
+from fxpiece.cache.keys import (
+    KERNELS_KEY,
+    IndexKey,
+    KeyFactors,
+    is_kernels_key,
+    kernels_digest,
+    piece_kernels_key,
+    shared_digest,
+)
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.lease import Lease, acquire_or_wait, this_host
 from fxpiece.cache.model import ModelCache
@@ -93,6 +101,8 @@ class Backend:
         self._built: dict[str, Callable[..., Any]] = {}
         """Every digest built by this backend, for reuse across its graphs."""
         self._kernels: KernelDir | None = None
+        self._unpacked: set[str] = set()
+        """Digests of the kernel bundles unpacked into :attr:`kernel_dir`."""
         self._tags_seen: set[str] = set()
         self._slots: dict[Path, CompileSlots | None] = {}
         """Compile slots by folder (``None``: the folder is unusable)."""
@@ -374,33 +384,49 @@ class Backend:
 
     # -- kernels ---------------------------------------------------------------
     def _restore_kernels(self, mc: ModelCache) -> None:
-        """Unpack the model's verified kernel bundle into Inductor's private
-        folder, so loads rebuild no C++ kernel."""
-        value = mc.index.get(KERNELS_KEY)
-        if not isinstance(value, dict):
-            return
-        payload = mc.artifacts.load(value.get("handle"))
-        if payload is None:
-            self.count("num_corrupt_artifacts")
-            _log.warning("fxpiece: the kernel bundle is missing or corrupt; kernels are rebuilt")
-            return
-        try:
-            self.kernel_dir.unpack(payload)
-        except CacheError as e:
-            self.count("num_corrupt_artifacts")
-            _log.warning("fxpiece: %s; kernels are rebuilt", e)
+        """Unpack the model's verified kernel bundles (the model's and every
+        piece's) not unpacked yet into Inductor's private folder, so loads
+        rebuild no C++ kernel."""
+        for key, value in mc.index.entries():
+            if not is_kernels_key(key) or not isinstance(value, dict):
+                continue
+            digest = value.get("digest")
+            if not isinstance(digest, str) or digest in self._unpacked:
+                continue
+            self._unpacked.add(digest)  # a bad bundle is reported once
+            payload = mc.artifacts.load(value.get("handle"))
+            if payload is None:
+                self.count("num_corrupt_artifacts")
+                _log.warning(
+                    "fxpiece: a kernel bundle is missing or corrupt; its kernels are rebuilt"
+                )
+                continue
+            try:
+                self.kernel_dir.unpack(payload, delta=key != KERNELS_KEY)
+            except CacheError as e:
+                self.count("num_corrupt_artifacts")
+                _log.warning("fxpiece: %s; kernels are rebuilt", e)
+
+    def _kernels_pending(self, w: Work, mc: ModelCache) -> bool:
+        """Whether the piece's own kernel bundle is stored but not unpacked."""
+        value = mc.index.get(piece_kernels_key(w.key))
+        return isinstance(value, dict) and value.get("digest") not in self._unpacked
 
     def _save_kernels(self, mc: ModelCache) -> None:
-        """Store what Inductor built or rebuilt for this graph, if anything."""
-        payload = self.kernel_dir.bundle()
-        if payload is None:
+        """Store what Inductor built or rebuilt for this graph outside the
+        pieces' own bundles, if anything."""
+        self._store_kernels(mc, KERNELS_KEY, self.kernel_dir.bundle())
+
+    def _store_kernels(self, mc: ModelCache, key: IndexKey, payload: bytes | None) -> None:
+        if payload is None or mc.readonly:
             return
         try:
             digest = kernels_digest(checksum(payload))
             handle = mc.artifacts.put(digest, payload)
-            mc.index.insert(KERNELS_KEY, {"digest": digest, "handle": handle})
+            mc.index.insert(key, {"digest": digest, "handle": handle})
+            self._unpacked.add(digest)
         except CacheError as e:
-            _log.warning("fxpiece: could not store the kernel bundle: %s", e)
+            _log.warning("fxpiece: could not store a kernel bundle: %s", e)
 
     # -- building ------------------------------------------------------------
     def _take_free_work(
@@ -599,6 +625,9 @@ class Backend:
 
     def _load(self, w: Work, mc: ModelCache) -> Callable[..., Any] | None:
         value = mc.index.get(w.key)
+        if self._kernels_pending(w, mc):
+            # Stored by another process after this build started.
+            self._restore_kernels(mc)
         shared = None
         if not isinstance(value, dict) or value.get("digest") != w.digest:
             # Another graph or model may have stored this very digest.
@@ -723,6 +752,8 @@ class Backend:
         w.stats.compiled += 1
         self.count("num_inductor_compiles" if self.compiler.is_inductor else "num_eager_compiles")
         if mc is not None and result.handle is not None:
+            # The kernels first: whoever sees the piece's entry finds them.
+            self._store_kernels(mc, piece_kernels_key(w.key), self.kernel_dir.delta())
             if isinstance(result.handle, dict) and "artifact" in result.handle:
                 self.count("num_compiled_artifacts_saved")
             try:

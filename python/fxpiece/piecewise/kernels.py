@@ -11,6 +11,11 @@ model's index; a warm start verifies the bundle and unpacks it into its own
 private folder before loading any piece, so no C++ kernel is rebuilt and no
 file planted under the cache root is ever loaded.
 
+The kernels one piece's compile builds are bundled right after it
+(:meth:`KernelDir.delta`, stored next to the piece's index entry), so other
+processes loading the piece while this one still builds get them too; the
+model's own bundle (:meth:`KernelDir.bundle`) then holds only the rest.
+
 Bundle payload::
 
     FXPIECE-KERNELS v1\\n
@@ -24,6 +29,10 @@ Bundle payload::
 (1, b'elf')
 >>> other.bundle() is None  # nothing new since the unpack
 True
+>>> _ = (kd.path / "ab" / "piece.so").write_bytes(b"elf2")
+>>> delta = kd.delta()  # only what is new since the last bundle or delta
+>>> other.unpack(delta, delta=True), kd.delta() is None, kd.bundle() is None
+(1, True, True)
 """
 
 from __future__ import annotations
@@ -54,6 +63,12 @@ def _bad(why: str) -> CorruptArtifactError:
     return CorruptArtifactError(errno.EINVAL, f"kernel bundle: {why}", None)
 
 
+def _pack(files: dict[str, Path]) -> bytes:
+    blobs = [p.read_bytes() for p in files.values()]
+    manifest = [[rel, len(b)] for rel, b in zip(files, blobs, strict=True)]
+    return b"".join([_MAGIC, json.dumps(manifest).encode(), b"\n", *blobs])
+
+
 class KernelDir:
     """A private (0700) folder for Inductor's cache, removed with this object."""
 
@@ -61,6 +76,9 @@ class KernelDir:
         self.path = Path(tempfile.mkdtemp(prefix="fxpiece-inductor-"))
         self.skip = BUNDLE_SKIP - set(keep)
         self._known: set[str] = set()
+        """Files bundled, unpacked or in a delta: nothing new to store."""
+        self._in_deltas: set[str] = set()
+        """Files stored in (or unpacked from) a piece's delta: never in :meth:`bundle`."""
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.path), True)
 
     def files(self) -> dict[str, Path]:
@@ -81,20 +99,31 @@ class KernelDir:
         return out
 
     def bundle(self) -> bytes | None:
-        """All files here as one payload, or ``None`` when nothing is new
-        since the last :meth:`bundle` or :meth:`unpack`."""
+        """All files here but those of pieces' deltas as one payload, or
+        ``None`` when nothing is new since the last :meth:`bundle`,
+        :meth:`delta` or :meth:`unpack`."""
         files = self.files()
         if set(files) <= self._known:
             return None
-        blobs = [p.read_bytes() for p in files.values()]
-        manifest = [[rel, len(b)] for rel, b in zip(files, blobs, strict=True)]
-        self._known = set(files)
-        return b"".join([_MAGIC, json.dumps(manifest).encode(), b"\n", *blobs])
+        self._known |= set(files)
+        return _pack({r: p for r, p in files.items() if r not in self._in_deltas})
 
-    def unpack(self, payload: bytes) -> int:
-        """Write a (verified) bundle's files that are not here yet; returns
-        how many were written. A malformed bundle raises
-        :class:`~fxpiece.errors.CorruptArtifactError` and writes nothing."""
+    def delta(self) -> bytes | None:
+        """The files that are new since the last :meth:`bundle`,
+        :meth:`delta` or :meth:`unpack` (what one compile just built) as
+        one payload, or ``None``."""
+        new = {r: p for r, p in self.files().items() if r not in self._known}
+        if not new:
+            return None
+        self._known |= set(new)
+        self._in_deltas |= set(new)
+        return _pack(new)
+
+    def unpack(self, payload: bytes, *, delta: bool = False) -> int:
+        """Write a (verified) bundle's files that are not here yet (``delta``:
+        a piece's, see :meth:`delta`); returns how many were written. A
+        malformed bundle raises :class:`~fxpiece.errors.CorruptArtifactError`
+        and writes nothing."""
         if not payload.startswith(_MAGIC):
             raise _bad("no header")
         end = payload.find(b"\n", len(_MAGIC))
@@ -125,6 +154,8 @@ class KernelDir:
             data = body[offset : offset + size]
             offset += size
             self._known.add(rel)
+            if delta:
+                self._in_deltas.add(rel)
             dest = self.path / rel
             if dest.exists():
                 continue

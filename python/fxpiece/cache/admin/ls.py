@@ -27,7 +27,7 @@ from fxpiece.cache.admin.scan import (
     model_key,
     scan_cache,
 )
-from fxpiece.cache.keys import KERNELS_KEY, IndexKey
+from fxpiece.cache.keys import IndexKey, is_kernels_key
 from fxpiece.cache.layout import CacheLayout
 
 __all__ = ["CacheListing", "EntryInfo", "ModelInfo", "list_cache"]
@@ -79,9 +79,10 @@ class ModelInfo:
     """Newest mtime of the artifacts it references (loading touches them);
     for a model without artifacts, of its index files."""
     problems: tuple[str, ...] = ()
-    kernels: EntryInfo | None = None
-    """The entry of its kernel bundle (Inductor's compiled kernels, one
-    artifact per model; not a piece, so not in ``entries``)."""
+    kernels: tuple[EntryInfo, ...] = ()
+    """The entries of its kernel bundles (Inductor's compiled kernels: one
+    per compiled piece entry and one for the model; not pieces, so not in
+    ``entries``)."""
 
     @property
     def pieces(self) -> tuple[int, ...]:
@@ -109,7 +110,7 @@ class ModelInfo:
             "missing_artifacts": self.missing_artifacts,
             "last_use": self.last_use,
             "problems": list(self.problems),
-            "kernels": self.kernels.as_dict() if self.kernels else None,
+            "kernels": [k.as_dict() for k in self.kernels],
         }
 
 
@@ -174,7 +175,7 @@ def _last_use(scan: Scan, m: ModelScan, used: Mapping[str, ArtifactFile]) -> flo
 
 def _model_info(scan: Scan, m: ModelScan) -> ModelInfo:
     entries: list[EntryInfo] = []
-    kernels: EntryInfo | None = None
+    kernels: list[EntryInfo] = []
     used: dict[str, ArtifactFile] = {}
     missing: set[str] = set()
     for key, value in sorted(m.entries, key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
@@ -184,8 +185,8 @@ def _model_info(scan: Scan, m: ModelScan) -> ModelInfo:
             missing.add(rel)
         elif rel and on_disk is not None:
             used[rel] = on_disk
-        if key == KERNELS_KEY:
-            kernels = _entry(key, value, on_disk)
+        if is_kernels_key(key):
+            kernels.append(_entry(key, value, on_disk))
         else:
             entries.append(_entry(key, value, on_disk))
     return ModelInfo(
@@ -197,7 +198,7 @@ def _model_info(scan: Scan, m: ModelScan) -> ModelInfo:
         missing_artifacts=len(missing),
         last_use=_last_use(scan, m, used),
         problems=(*(f"{p.file}: {p.reason}" for p in m.index_problems), *m.problems),
-        kernels=kernels,
+        kernels=tuple(kernels),
     )
 
 

@@ -29,7 +29,7 @@ from fxpiece.cache.admin.scan import (
     scan_cache,
 )
 from fxpiece.cache.index import CacheIndex
-from fxpiece.cache.keys import KERNELS_KEY
+from fxpiece.cache.keys import is_kernels_key
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.safeio import read_regular
 from fxpiece.cache.store import parse_artifact, quarantine
@@ -229,7 +229,7 @@ def verify_cache(root: str | os.PathLike[str], repair: bool = False) -> CacheVer
             v.artifact(rel, (), why)
     for r in scan.bad_handles:
         v.bad_handle(r)
-    bundles = sum(all(r.key == KERNELS_KEY for r in refs) for refs in scan.refs.values())
+    bundles = sum(all(is_kernels_key(r.key) for r in refs) for refs in scan.refs.values())
     return CacheVerifyReport(
         root=scan.root,
         repaired=repair,

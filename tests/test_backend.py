@@ -477,6 +477,29 @@ def test_warm_start_inductor_fresh_process(
         torch.testing.assert_close(warm[n], ranges_run.ref[n], rtol=1e-4, atol=1e-5)
 
 
+def test_piece_loaded_before_the_model_bundle_rebuilds_no_kernel(
+    ranges_run: SimpleNamespace, run_py: PyRunner, tmp_path: Path
+) -> None:
+    """A process that loads pieces as another one stores them (before that
+    one stores its model-level bundle) gets each piece's kernels with it."""
+    cache = tmp_path / "cache"
+    shutil.copytree(ranges_run.cache, cache, symlinks=True)
+    index = CacheIndex(
+        str(Path(ranges_run.result["folder"].replace(str(ranges_run.cache), str(cache))) / "index")
+    )
+    index.remove(KERNELS_KEY)  # as if the compiling process had not finished
+    assert any(is_kernels_key(k) for k, _ in index.entries())  # the pieces' own bundles
+    out = tmp_path / "warm.pt"
+    r = run_toy_subprocess(run_py, range_spec(cache, out))
+    assert r["diff"].get("num_inductor_compiles", 0) == 0, r["diff"]
+    index.refresh()
+    # Nothing was rebuilt while loading, so there was nothing new to bundle.
+    assert KERNELS_KEY not in index, "loading the pieces rebuilt kernels"
+    warm = torch.load(out)
+    for n in RANGE_SIZES:
+        torch.testing.assert_close(warm[n], ranges_run.outs[n], rtol=1e-6, atol=1e-6)
+
+
 def moved_copy(src: Path, tmp_path: Path) -> Path:
     """Copy ``src``, then move (rename) the copy somewhere else."""
     copy = tmp_path / "copy"

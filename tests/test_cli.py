@@ -259,14 +259,15 @@ def test_prune_lru_respects_size_and_live_leases(cache: Path, built: Built) -> N
     for i, p in enumerate(arts):  # arts[0] least recently used ... arts[3] most
         os.utime(p, (now - (len(arts) - i) * 3600, now - (len(arts) - i) * 3600))
     sizes = [p.stat().st_size for p in arts]
-    (bundle,) = bundles(cache)  # used by every warm start: the most recently used
-    os.utime(bundle, (now, now))
+    kernels = bundles(cache)  # unpacked by every warm start: the most recently used
+    for bundle in kernels:
+        os.utime(bundle, (now, now))
     locks = cache / "locks"
     locks.mkdir(exist_ok=True)
     lease = Lease.try_acquire(str(locks / f"{arts[0].name}.lease"))
     assert lease is not None
     try:
-        limit = sizes[0] + sizes[3] + bundle.stat().st_size
+        limit = sizes[0] + sizes[3] + sum(b.stat().st_size for b in kernels)
         res = fx_json("cache", "prune", cache, "--max-size", limit)
     finally:
         lease.release()

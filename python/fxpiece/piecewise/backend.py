@@ -99,6 +99,8 @@ class Backend:
         self._splitting = resolve_splitting_ops(self.config.splitting_ops)
         self._inductor_options = dict(self.config.inductor_config)
         self._built: dict[str, Callable[..., Any]] = {}
+        self._built_for: dict[str, Path | None] = {}
+        """The model folder each digest in :attr:`_built` was first built for."""
         """Every digest built by this backend, for reuse across its graphs."""
         self._kernels: KernelDir | None = None
         self._unpacked: set[str] = set()
@@ -384,11 +386,17 @@ class Backend:
 
     # -- kernels ---------------------------------------------------------------
     def _restore_kernels(self, mc: ModelCache) -> None:
-        """Unpack the model's verified kernel bundles (the model's and every
-        piece's) not unpacked yet into Inductor's private folder, so loads
-        rebuild no C++ kernel."""
-        for key, value in mc.index.entries():
+        """Unpack the model's verified kernel bundles (the model's and those
+        of the pieces in its index) not unpacked yet into Inductor's private
+        folder, so loads rebuild no C++ kernel. The bundle of a piece whose
+        entry is gone (pruned) is left alone: nothing touches it, so it ages
+        out."""
+        entries = mc.index.entries()
+        pieces = {k[:3] for k, _ in entries if not is_kernels_key(k)}
+        for key, value in entries:
             if not is_kernels_key(key) or not isinstance(value, dict):
+                continue
+            if key != KERNELS_KEY and key[:3] not in pieces:
                 continue
             digest = value.get("digest")
             if not isinstance(digest, str) or digest in self._unpacked:
@@ -521,6 +529,7 @@ class Backend:
                 fn, action, seconds = first
                 t0 -= seconds
                 self._built[w.digest] = fn
+                self._built_for[w.digest] = None if mc is None else mc.folder
             elif fn is not None:
                 # An identical piece (another layer, another graph) was built here.
                 w.stats.reused += 1
@@ -532,6 +541,7 @@ class Backend:
                 fn = self._obtain(w, mc)
                 action = "compiled" if w.stats.compiled > compiled_before else "loaded"
                 self._built[w.digest] = fn
+                self._built_for[w.digest] = None if mc is None else mc.folder
             if self.progress is not None:
                 self.progress(
                     ProgressEvent(
@@ -668,8 +678,8 @@ class Backend:
         """Point this graph's index entry at the stored artifact of a piece
         built earlier in this process (another graph's identical piece), so
         a warm start finds it through the index."""
-        if mc is None or mc.readonly:
-            return
+        if mc is None or mc.readonly or self._built_for.get(w.digest) == mc.folder:
+            return  # another layer of the same graph: it loads from the first
         value = mc.index.get(w.key)
         if isinstance(value, dict) and value.get("digest") == w.digest:
             return

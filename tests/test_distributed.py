@@ -31,7 +31,12 @@ RANK = textwrap.dedent(
     with torch.no_grad():
         ok = torch.allclose(cm(ids), m(ids), atol=1e-4)
     c = fxpiece.counters.snapshot()
-    c.update(ok=bool(ok), shared_in=cm.backend.shared_in, rank=rank)
+    from fxpiece.cache.index import CacheIndex
+    from fxpiece.cache.keys import KERNELS_KEY
+    folder = cm.stats.graphs[0].cache_folder
+    c.update(ok=bool(ok), shared_in=cm.backend.shared_in, rank=rank,
+             kernels_in=cm.backend.kernels_in,
+             model_bundle=KERNELS_KEY in CacheIndex(str(folder / "index"), readonly=True))
     print(json.dumps(c), flush=True)
     dist.destroy_process_group()
     """
@@ -93,6 +98,10 @@ def test_each_unique_piece_compiled_by_one_rank_then_all_warm(tmp_path: Path) ->
     # Each rank received what the other compiled and loaded everything.
     assert all(r["shared_in"] == 2 for r in cold)
     assert all(r["num_cache_hits"] == 4 for r in cold)
+    # ... with the kernels their compiles built: loading them rebuilt none
+    # (nothing new was left to store in a model-level bundle).
+    assert all(r["kernels_in"] >= 1 for r in cold), cold
+    assert not any(r["model_bundle"] for r in cold), cold
     for r in range(world):
         assert list((tmp_path / "caches" / f"rank{r}" / "artifacts").rglob("*"))
     warm = _run_job(tmp_path, world, "inductor")

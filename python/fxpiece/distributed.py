@@ -5,7 +5,8 @@ agree on what each of them has (an all-gather of per-digest flags, in one
 deterministic order); every digest that no rank has is compiled by exactly
 one rank (round-robin, all ranks compile in parallel); then every artifact
 that some rank lacks is broadcast by a rank that has it, and the others store
-it locally (verified against its BLAKE3 checksum). All ranks take part in
+it locally (verified against its BLAKE3 checksum), with the kernel bundle
+its compile built, so no rank rebuilds those kernels. All ranks take part in
 every collective, so none waits on one alone, and afterwards every rank loads
 every piece from its own cache.
 
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from fxpiece.cache.keys import piece_kernels_key
 from fxpiece.cache.model import ModelCache
 from fxpiece.cache.slots import host_slot_dir
 from fxpiece.cache.store import checksum
@@ -62,6 +64,8 @@ class DistributedBackend(Backend):
         """Artifacts this rank received from other ranks."""
         self.shared_out = 0
         """Artifacts this rank sent to other ranks."""
+        self.kernels_in = 0
+        """Kernel bundles this rank received with those artifacts."""
 
     @staticmethod
     def _entry(w: Work, mc: ModelCache) -> dict[str, Any] | None:
@@ -87,19 +91,36 @@ class DistributedBackend(Backend):
             data = mc.artifacts.load(handle)
             if data is None:
                 raise CacheError(errno.ENOENT, f"artifact for {w.digest} vanished before sharing")
-        return {"value": value, "data": data}
+        out: dict[str, Any] = {"value": value, "data": data, "kernels": None}
+        kernels = mc.index.get(piece_kernels_key(w.key))
+        if isinstance(kernels, dict):
+            payload = mc.artifacts.load(kernels.get("handle"))
+            if payload is not None:  # else the receiver rebuilds them
+                out["kernels"] = {"value": kernels, "data": payload}
+        return out
 
-    def _import(self, w: Work, payload: dict[str, Any], mc: ModelCache) -> None:
-        value = dict(payload["value"])
-        data = payload["data"]
+    @staticmethod
+    def _store(mc: ModelCache, digest: str, value: dict[str, Any], data: bytes | None) -> Any:
+        """``value`` with its handle pointing at ``data`` stored here
+        (verified against the checksum the sender recorded)."""
+        value = dict(value)
         if data is not None:
             if checksum(data) != value["handle"]["blake3"]:
                 raise CacheError(
-                    errno.EIO,
-                    f"artifact {w.digest} received from another rank fails its checksum",
+                    errno.EIO, f"artifact {digest} received from another rank fails its checksum"
                 )
-            value["handle"] = mc.artifacts.put(w.digest, data)
-        mc.index.insert(w.key, value)
+            value["handle"] = mc.artifacts.put(digest, data)
+        return value
+
+    def _import(self, w: Work, payload: dict[str, Any], mc: ModelCache) -> None:
+        kernels = payload.get("kernels")
+        if kernels is not None:  # first: whoever sees the piece finds its kernels
+            kv = kernels["value"]
+            mc.index.insert(
+                piece_kernels_key(w.key), self._store(mc, kv["digest"], kv, kernels["data"])
+            )
+            self.kernels_in += 1
+        mc.index.insert(w.key, self._store(mc, w.digest, payload["value"], payload["data"]))
         self.count("num_cache_entries_updated")
         self.shared_in += 1
 

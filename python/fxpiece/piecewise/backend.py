@@ -99,9 +99,9 @@ class Backend:
         self._splitting = resolve_splitting_ops(self.config.splitting_ops)
         self._inductor_options = dict(self.config.inductor_config)
         self._built: dict[str, Callable[..., Any]] = {}
+        """Every digest built by this backend, for reuse across its graphs."""
         self._built_for: dict[str, Path | None] = {}
         """The model folder each digest in :attr:`_built` was first built for."""
-        """Every digest built by this backend, for reuse across its graphs."""
         self._kernels: KernelDir | None = None
         self._unpacked: set[str] = set()
         """Digests of the kernel bundles unpacked into :attr:`kernel_dir`."""

@@ -95,6 +95,10 @@ class Backend:
         self.progress = progress
         """Called after each (piece, entry) is compiled, loaded or reused."""
         self.compiler: CompilerInterface = make_compiler(self.config.compiler)
+        if self.compiler.is_inductor:
+            # What torch.compile(backend="inductor") imports when it is
+            # called, before the model's first call.
+            _torch_compat.import_inductor()
         self.stats = BackendStats()
         self._splitting = resolve_splitting_ops(self.config.splitting_ops)
         self._inductor_options = dict(self.config.inductor_config)

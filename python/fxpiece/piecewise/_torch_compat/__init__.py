@@ -35,6 +35,7 @@ __all__ = [
     "force_disable_caches",
     "freezing_enabled",
     "graph_partition_supported",
+    "import_inductor",
     "inductor_cache_dir",
     "inductor_compile_threads",
     "inductor_config_patch",
@@ -233,6 +234,13 @@ def _static_tracing() -> Iterator[None]:
 
     with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))):
         yield
+
+
+def import_inductor() -> None:
+    """Import Inductor's compiler now, as ``torch.compile(backend="inductor")``
+    does when it is called: the first compile or load then does not pay
+    for it (about 1 s here)."""
+    import torch._inductor.compile_fx  # noqa: F401
 
 
 def compile_fx_cached(

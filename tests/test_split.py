@@ -513,3 +513,49 @@ def test_size_without_metadata_never_crosses_a_boundary() -> None:
     # Every size() now sits in the piece that uses it.
     last = items[-1].graph
     assert any(n.op == "call_method" and n.target == "size" for n in last.graph.nodes)
+
+
+def test_recorded_piece_inputs_equal_propagated_ones() -> None:
+    """The pieces' inputs read from Dynamo's recorded values (the fast path)
+    have the metadata a fake run of the split module gives: same shapes
+    (symbols included), strides, dtypes and order."""
+    from fxpiece.piecewise import _torch_compat
+    from fxpiece.piecewise.plan import propagated_inputs, recorded_inputs
+
+    seen: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        backend_mode = _torch_compat.detect_fake_mode(example_inputs)
+        split_gm, items = split_graph(gm, [torch.mm])
+        names = {it.name for it in items if not it.is_splitting_graph}
+        # Dynamo hands the backend a fresh fake mode: its recorded fakes
+        # are not that mode's, so the backend propagates.
+        assert recorded_inputs(split_gm, names, backend_mode) is None
+        # In the mode the values were recorded in (what an ahead-of-time
+        # start rebuilds the graph in), they are used, and equal a run.
+        dynamo_args = [n.meta["example_value"] for n in gm.graph.find_nodes(op="placeholder")]
+        mode = next(a.fake_mode for a in dynamo_args if isinstance(a, torch.Tensor))
+        recorded = recorded_inputs(split_gm, names, mode)
+        assert recorded is not None, "Dynamo's graph records every piece input"
+        seen.append((recorded, propagated_inputs(split_gm, dynamo_args, mode, names)))
+        return gm.forward
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        s = x.size()
+        y = torch.mm(x.t().contiguous().t() * 2, w)
+        z = torch.relu(y)[:, :2].reshape(s[0], -1)
+        return torch.mm(z, w[:2]).sum(-1, keepdim=True) + x.view(s)[:, :1]
+
+    x0, w = torch.randn(5, 3), torch.randn(3, 3)
+    torch._dynamo.mark_dynamic(x0, 0)
+    torch.compile(f, backend=capture)(x0, w)
+    ((recorded, propagated),) = seen
+    assert recorded.keys() == propagated.keys() and len(recorded) == 3
+
+    def meta(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return (str(tuple(v.shape)), str(v.stride()), v.dtype, v.requires_grad)
+        return str(v)
+
+    for name in recorded:
+        assert [meta(v) for v in recorded[name]] == [meta(v) for v in propagated[name]], name

@@ -22,7 +22,15 @@ from fxpiece.piecewise.split import SplitItem
 from fxpiece.piecewise.stats import PieceStats
 from fxpiece.ranges import Range
 
-__all__ = ["PiecePlan", "Work", "fake_inputs", "piece_inputs", "plan_piece"]
+__all__ = [
+    "PiecePlan",
+    "Work",
+    "fake_inputs",
+    "piece_inputs",
+    "plan_piece",
+    "propagated_inputs",
+    "recorded_inputs",
+]
 
 
 @dataclass(frozen=True)
@@ -118,8 +126,23 @@ def piece_inputs(
     fake_mode: Any,
     names: set[str],
 ) -> dict[str, tuple[Any, ...]]:
-    """Run the split module on fake inputs and record each piece's arguments
-    (their order is the piece's, not Dynamo's)."""
+    """Each piece's arguments as fakes, in the piece's order (not Dynamo's):
+    the values Dynamo's trace recorded on the nodes the piece reads (split
+    keeps them on the piece's placeholders) when every one has one, else
+    from running the split module on fake inputs."""
+    recorded = recorded_inputs(split_gm, names, fake_mode) if fake_mode is not None else None
+    if recorded is not None:
+        return recorded
+    return propagated_inputs(split_gm, fake_args, fake_mode, names)
+
+
+def propagated_inputs(
+    split_gm: torch.fx.GraphModule,
+    fake_args: Sequence[Any],
+    fake_mode: Any,
+    names: set[str],
+) -> dict[str, tuple[Any, ...]]:
+    """Each piece's arguments, from running the split module on fake inputs."""
     captured: dict[str, tuple[Any, ...]] = {}
 
     class Recorder(torch.fx.Interpreter):
@@ -132,3 +155,26 @@ def piece_inputs(
     with ctx, torch.no_grad():
         Recorder(split_gm).run(*fake_args)
     return captured
+
+
+def recorded_inputs(
+    split_gm: torch.fx.GraphModule, names: set[str], fake_mode: Any
+) -> dict[str, tuple[Any, ...]] | None:
+    """Each piece's arguments as Dynamo's trace recorded them on the nodes
+    (``example_value``), if every one has one from ``fake_mode``."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for name in names:
+        sub = getattr(split_gm, name, None)
+        if not isinstance(sub, torch.fx.GraphModule):
+            return None
+        vals = []
+        for n in sub.graph.find_nodes(op="placeholder"):
+            v = n.meta.get("example_value", n.meta.get("val"))
+            if isinstance(v, torch.Tensor):
+                if getattr(v, "fake_mode", None) is not fake_mode:
+                    return None  # not a fake of this trace
+            elif not isinstance(v, (torch.SymInt, int, float, bool)):
+                return None
+            vals.append(v)
+        out[name] = tuple(vals)
+    return out

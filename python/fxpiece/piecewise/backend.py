@@ -98,7 +98,7 @@ class Backend:
         if self.compiler.is_inductor:
             # What torch.compile(backend="inductor") imports when it is
             # called, before the model's first call.
-            _torch_compat.import_inductor()
+            _torch_compat.prepare_inductor()
         self.stats = BackendStats()
         self._splitting = resolve_splitting_ops(self.config.splitting_ops)
         self._inductor_options = dict(self.config.inductor_config)

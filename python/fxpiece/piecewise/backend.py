@@ -51,7 +51,7 @@ from fxpiece.piecewise.factors import make_key_factors, saved_key_factors
 from fxpiece.piecewise.interface import CompilerInterface
 from fxpiece.piecewise.kernels import KernelDir
 from fxpiece.piecewise.ops import resolve_splitting_ops
-from fxpiece.piecewise.plan import PiecePlan, Work, fake_inputs, piece_inputs, plan_piece
+from fxpiece.piecewise.plan import PieceInputs, PiecePlan, Work, fake_inputs, plan_piece
 from fxpiece.piecewise.split import readable_split, split_graph, whole_graph
 from fxpiece.piecewise.stats import BackendStats, GraphStats, PieceStats, ProgressEvent
 
@@ -234,7 +234,8 @@ class Backend:
         compiled_items = [it for it in items if not it.is_splitting_graph]
         self.count("num_piecewise_capturable_graphs_seen", len(compiled_items))
 
-        args_of = piece_inputs(split_gm, fake_args, fake_mode, {it.name for it in compiled_items})
+        inputs = PieceInputs(split_gm, fake_args, fake_mode, {it.name for it in compiled_items})
+        args_of = inputs.for_planning()
         sym = token_symbol(fake_args, marked)
         factors = cache.factors if cache is not None else None
         gstats = GraphStats(
@@ -275,6 +276,7 @@ class Backend:
                 inductor_options=self._inductor_options,
                 num_pieces=len(items),
                 sym=sym,
+                exact_args=inputs.exact(it.name),
             )
             for it in compiled_items
         ]
@@ -651,7 +653,8 @@ class Backend:
             value = {"digest": w.digest, "handle": shared}
         t0 = time.perf_counter()
         try:
-            fn = self.compiler.load(value.get("handle"), w.item.graph, w.args, w.entry, w.ctx)
+            args = w.example_inputs() if self.compiler.load_uses_inputs else w.args
+            fn = self.compiler.load(value.get("handle"), w.item.graph, args, w.entry, w.ctx)
         except UntrustedCacheError:
             raise
         except Exception as e:  # pruned meanwhile, or unloadable: recompile, never crash
@@ -760,7 +763,7 @@ class Backend:
         with self.compile_slot(w, mc):
             t0 = time.perf_counter()
             wall0 = time.time()
-            result = self.compiler.compile(w.item.graph, w.args, w.entry, w.ctx)
+            result = self.compiler.compile(w.item.graph, w.example_inputs(), w.entry, w.ctx)
             w.stats.compile_intervals.append((wall0, time.time()))
         w.stats.compile_s += time.perf_counter() - t0
         w.stats.compiled += 1

@@ -60,6 +60,7 @@ class EagerCompiler(CompilerInterface):
     """Runs each piece as its FX graph (no compilation); useful to debug."""
 
     name = "eager"
+    load_uses_inputs = False
 
     def compile(
         self,
@@ -93,6 +94,7 @@ class InductorStandaloneCompiler(CompilerInterface):
     identical; only the Python per call differs."""
 
     name = "inductor"
+    load_uses_inputs = False
 
     def __init__(self, direct_call: bool = True) -> None:
         self.direct_call = direct_call
@@ -166,6 +168,7 @@ class InductorFxCacheCompiler(InductorStandaloneCompiler):
 
     name = "inductor-fx-cache"
     inductor_cache_subdirs = ("fxgraph",)
+    load_uses_inputs = True
 
     def compile(
         self,

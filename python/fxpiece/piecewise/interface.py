@@ -62,6 +62,9 @@ class CompilerInterface(ABC):
     inductor_cache_subdirs: tuple[str, ...] = ()
     """Folders of Inductor's cache that this compiler's handles point into;
     they are kept in the kernel bundle (:mod:`fxpiece.piecewise.kernels`)."""
+    load_uses_inputs: bool = True
+    """Whether :meth:`load` reads ``example_inputs``; ``False`` lets a warm
+    start skip making fake inputs of the backend's own fake mode."""
 
     def compute_hash(self) -> str:
         """A hash of everything about this compiler that changes its output

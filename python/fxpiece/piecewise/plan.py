@@ -4,7 +4,7 @@ artifact digest and its index key, before anything is loaded or compiled."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from fxpiece.piecewise.stats import PieceStats
 from fxpiece.ranges import Range
 
 __all__ = [
+    "PieceInputs",
     "PiecePlan",
     "Work",
     "fake_inputs",
@@ -45,10 +46,19 @@ class Work:
     stats: PieceStats
     key: IndexKey
     """Its key in the model's index."""
+    exact_args: Callable[[], Sequence[Any]] | None = None
+    """The symbolic example inputs as fakes of the build's own fake mode,
+    made on demand, when :attr:`args` are Dynamo's recorded ones (same
+    shapes and symbols, another fake mode: fine for planning and loading,
+    not for compiling)."""
 
     @property
     def digest(self) -> str:
         return self.ctx.digest
+
+    def example_inputs(self) -> Sequence[Any]:
+        """What a compiler is handed."""
+        return self.args if self.exact_args is None else self.exact_args()
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,7 @@ def plan_piece(
     inductor_options: dict[str, Any],
     num_pieces: int,
     sym: Any,
+    exact_args: Callable[[], Sequence[Any]] | None = None,
 ) -> PiecePlan:
     """Every entry of piece ``it`` with its example inputs and digest.
     ``sym`` is the token count's symbol; a piece that does not see it is
@@ -108,7 +119,7 @@ def plan_piece(
             store=store, digest=digest, inductor_config=inductor_options, post_grad_pass=pm
         )
         key = index_key(entry.start, entry.end, it.index, compiler_name)
-        work.append(Work(it, entry, ex_args, ctx, stats, key))
+        work.append(Work(it, entry, ex_args, ctx, stats, key, None if concrete else exact_args))
     return PiecePlan(it, token_arg, tuple(work), num_pieces)
 
 
@@ -120,20 +131,57 @@ def fake_inputs(example_inputs: Sequence[Any], fake_mode: Any) -> list[Any]:
     return [fake_mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in example_inputs]
 
 
+class PieceInputs:
+    """Each compiled piece's arguments as fakes, in the piece's order (not
+    Dynamo's).
+
+    For planning (digests, token dims, exact-size inputs) the values
+    Dynamo's trace recorded on the nodes the pieces read are used when
+    every one has one (split keeps them on the pieces' placeholders) and
+    shares the build's shape environment; else, and for compiling when the
+    recorded ones belong to another fake mode (Dynamo hands backends a
+    fresh one), they come from one fake run of the split module, made on
+    first need (a warm start that only loads never makes it)."""
+
+    def __init__(
+        self,
+        split_gm: torch.fx.GraphModule,
+        fake_args: Sequence[Any],
+        fake_mode: Any,
+        names: set[str],
+    ) -> None:
+        self._run = (split_gm, fake_args, fake_mode, names)
+        self._propagated: dict[str, tuple[Any, ...]] | None = None
+        self.recorded = recorded_inputs(split_gm, names, fake_mode) if fake_mode else None
+        self.same_mode = self.recorded is not None and all(
+            getattr(v, "fake_mode", fake_mode) is fake_mode
+            for vals in self.recorded.values()
+            for v in vals
+        )
+
+    def propagated(self) -> dict[str, tuple[Any, ...]]:
+        if self._propagated is None:
+            self._propagated = propagated_inputs(*self._run)
+        return self._propagated
+
+    def for_planning(self) -> dict[str, tuple[Any, ...]]:
+        return self.recorded if self.recorded is not None else self.propagated()
+
+    def exact(self, name: str) -> Callable[[], Sequence[Any]] | None:
+        """What :attr:`Work.exact_args` of piece ``name`` is."""
+        if self.recorded is None or self.same_mode:
+            return None
+        return lambda: self.propagated()[name]
+
+
 def piece_inputs(
     split_gm: torch.fx.GraphModule,
     fake_args: Sequence[Any],
     fake_mode: Any,
     names: set[str],
 ) -> dict[str, tuple[Any, ...]]:
-    """Each piece's arguments as fakes, in the piece's order (not Dynamo's):
-    the values Dynamo's trace recorded on the nodes the piece reads (split
-    keeps them on the piece's placeholders) when every one has one, else
-    from running the split module on fake inputs."""
-    recorded = recorded_inputs(split_gm, names, fake_mode) if fake_mode is not None else None
-    if recorded is not None:
-        return recorded
-    return propagated_inputs(split_gm, fake_args, fake_mode, names)
+    """Each piece's arguments as fakes (see :class:`PieceInputs`)."""
+    return PieceInputs(split_gm, fake_args, fake_mode, names).for_planning()
 
 
 def propagated_inputs(
@@ -161,7 +209,8 @@ def recorded_inputs(
     split_gm: torch.fx.GraphModule, names: set[str], fake_mode: Any
 ) -> dict[str, tuple[Any, ...]] | None:
     """Each piece's arguments as Dynamo's trace recorded them on the nodes
-    (``example_value``), if every one has one from ``fake_mode``."""
+    (``example_value``), if every one has one from ``fake_mode`` or a fake
+    mode sharing its shape environment (the same symbols)."""
     out: dict[str, tuple[Any, ...]] = {}
     for name in names:
         sub = getattr(split_gm, name, None)
@@ -171,7 +220,10 @@ def recorded_inputs(
         for n in sub.graph.find_nodes(op="placeholder"):
             v = n.meta.get("example_value", n.meta.get("val"))
             if isinstance(v, torch.Tensor):
-                if getattr(v, "fake_mode", None) is not fake_mode:
+                mode = getattr(v, "fake_mode", None)
+                if mode is not fake_mode and (
+                    mode is None or mode.shape_env is not fake_mode.shape_env
+                ):
                     return None  # not a fake of this trace
             elif not isinstance(v, (torch.SymInt, int, float, bool)):
                 return None

@@ -520,24 +520,23 @@ def test_recorded_piece_inputs_equal_propagated_ones() -> None:
     have the metadata a fake run of the split module gives: same shapes
     (symbols included), strides, dtypes and order."""
     from fxpiece.piecewise import _torch_compat
-    from fxpiece.piecewise.plan import propagated_inputs, recorded_inputs
+    from fxpiece.piecewise.plan import fake_inputs, propagated_inputs, recorded_inputs
 
     seen: list[tuple[dict[str, Any], dict[str, Any]]] = []
 
     def capture(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        # Dynamo hands the backend a fresh fake mode sharing its shape
+        # environment: the recorded fakes are another mode's, same symbols.
         backend_mode = _torch_compat.detect_fake_mode(example_inputs)
         split_gm, items = split_graph(gm, [torch.mm])
         names = {it.name for it in items if not it.is_splitting_graph}
-        # Dynamo hands the backend a fresh fake mode: its recorded fakes
-        # are not that mode's, so the backend propagates.
-        assert recorded_inputs(split_gm, names, backend_mode) is None
-        # In the mode the values were recorded in (what an ahead-of-time
-        # start rebuilds the graph in), they are used, and equal a run.
-        dynamo_args = [n.meta["example_value"] for n in gm.graph.find_nodes(op="placeholder")]
-        mode = next(a.fake_mode for a in dynamo_args if isinstance(a, torch.Tensor))
-        recorded = recorded_inputs(split_gm, names, mode)
+        recorded = recorded_inputs(split_gm, names, backend_mode)
         assert recorded is not None, "Dynamo's graph records every piece input"
-        seen.append((recorded, propagated_inputs(split_gm, dynamo_args, mode, names)))
+        fakes = fake_inputs(example_inputs, backend_mode)
+        seen.append((recorded, propagated_inputs(split_gm, fakes, backend_mode, names)))
+        # Fakes of an unrelated fake mode (other symbols) are refused.
+        other = torch._subclasses.FakeTensorMode(shape_env=ShapeEnv())
+        assert recorded_inputs(split_gm, names, other) is None
         return gm.forward
 
     def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -197,7 +197,12 @@ def propagated_inputs(
         def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
             if target in names:
                 captured[str(target)] = tuple(args)
-            return super().call_module(target, args, kwargs)
+            # The piece itself, not what the stitched graph calls now (a
+            # built piece's runner, set on the instance).
+            sub = split_gm._modules[str(target)]
+            if sub is None:  # pragma: no cover - split_module always sets it
+                raise KeyError(target)
+            return sub(*args, **kwargs)
 
     ctx = fake_mode if fake_mode is not None else contextlib.nullcontext()
     with ctx, torch.no_grad():

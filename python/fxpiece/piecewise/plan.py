@@ -27,7 +27,6 @@ __all__ = [
     "PiecePlan",
     "Work",
     "fake_inputs",
-    "piece_inputs",
     "plan_piece",
     "propagated_inputs",
     "recorded_inputs",
@@ -172,16 +171,6 @@ class PieceInputs:
         if self.recorded is None or self.same_mode:
             return None
         return lambda: self.propagated()[name]
-
-
-def piece_inputs(
-    split_gm: torch.fx.GraphModule,
-    fake_args: Sequence[Any],
-    fake_mode: Any,
-    names: set[str],
-) -> dict[str, tuple[Any, ...]]:
-    """Each piece's arguments as fakes (see :class:`PieceInputs`)."""
-    return PieceInputs(split_gm, fake_args, fake_mode, names).for_planning()
 
 
 def propagated_inputs(

@@ -534,8 +534,7 @@ class Backend:
             if first is not None:
                 fn, action, seconds = first
                 t0 -= seconds
-                self._built[w.digest] = fn
-                self._built_for[w.digest] = None if mc is None else mc.folder
+                self._remember(w, fn, mc)
             elif fn is not None:
                 # An identical piece (another layer, another graph) was built here.
                 w.stats.reused += 1
@@ -546,8 +545,7 @@ class Backend:
                 compiled_before = w.stats.compiled
                 fn = self._obtain(w, mc)
                 action = "compiled" if w.stats.compiled > compiled_before else "loaded"
-                self._built[w.digest] = fn
-                self._built_for[w.digest] = None if mc is None else mc.folder
+                self._remember(w, fn, mc)
             if self.progress is not None:
                 self.progress(
                     ProgressEvent(
@@ -680,6 +678,11 @@ class Backend:
         if shared is not None:
             self._record(w, mc, value)
         return fn
+
+    def _remember(self, w: Work, fn: Callable[..., Any], mc: ModelCache | None) -> None:
+        """Keep what was built for ``w``'s digest, and for which model folder."""
+        self._built[w.digest] = fn
+        self._built_for[w.digest] = None if mc is None else mc.folder
 
     def _index_shared(self, w: Work, mc: ModelCache | None) -> None:
         """Point this graph's index entry at the stored artifact of a piece

@@ -47,6 +47,23 @@ class Keep(logging.Handler):
     def emit(self, record):
         logs.append(record.getMessage())
 logging.getLogger("fxpiece").addHandler(Keep())
+
+# Probes: fake runs of the split module, and whether each graph handed to
+# Inductor carries every node's recorded value (the whole graph, not the
+# light one a warm start loads).
+import fxpiece.piecewise.compilers as compilers, fxpiece.piecewise.plan as plan
+probe = {{"fake_runs": 0, "complete": []}}
+_propagated = plan.propagated_inputs
+def counted(*a, **k):
+    probe["fake_runs"] += 1
+    return _propagated(*a, **k)
+plan.propagated_inputs = counted
+_compile = compilers.InductorStandaloneCompiler.compile
+def recorded(self, graph, *a, **k):
+    nodes = [n for n in graph.graph.nodes if n.op == "call_function"]
+    probe["complete"].append(all("example_value" in n.meta for n in nodes))
+    return _compile(self, graph, *a, **k)
+compilers.InductorStandaloneCompiler.compile = recorded
 for k, v in spec.get("inductor", {{}}).items():
     setattr(torch._inductor.config, k, v)
 cfg = fxpiece.CompileConfig(
@@ -67,6 +84,7 @@ report({{
     "counters": {{k: v for k, v in c.items() if v}},
     "close": all(torch.allclose(o, r, atol=1e-5, rtol=1e-4) for o, r in zip(outs, refs)),
     "logs": logs,
+    "probe": probe,
 }})
 """
 
@@ -96,6 +114,7 @@ def cold(tmp_path_factory: pytest.TempPathFactory, run_py: PyRunner) -> tuple[Pa
     assert r["path"] == "aot-capture", r
     assert r["counters"]["num_aot_saves"] == 1
     assert r["counters"]["num_inductor_compiles"] == 2  # two pieces, one range
+    assert r["probe"]["complete"] == [True, True], r["probe"]
     return tmp, root, r
 
 
@@ -118,6 +137,36 @@ def test_warm_start_loads_dynamo_output_and_compiles_nothing(
     c = r["counters"]
     assert c["num_aot_loads"] == 1 and "num_aot_fallbacks" not in c, c
     assert "num_inductor_compiles" not in c and c["num_cache_hits"] == 2, c
+    # The light graph keeps the values the pieces' planning reads: no fake run.
+    assert r["probe"]["fake_runs"] == 0, r["probe"]
+    for a, b in zip(torch.load(cold[0] / "cold.pt"), torch.load(tmp_path / "warm.pt"), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_a_piece_compiled_on_a_warm_start_gets_the_whole_graph(
+    cold: tuple[Path, Path, dict], run_py: PyRunner, tmp_path: Path
+) -> None:
+    """A warm start loads the light graph; a piece it must compile (its
+    entry is gone) is compiled from the whole graph, as on a cold start."""
+    import torch
+
+    from fxpiece.cache.index import CacheIndex
+    from fxpiece.cache.keys import is_kernels_key
+
+    proj, root = _copy(cold, tmp_path)
+    (index_path,) = (p for p in root.glob("models/*/*/index") if ".aot" not in p.parent.name)
+    index = CacheIndex(str(index_path))
+    pieces = sorted(k for k, _ in index.entries() if not is_kernels_key(k) and k[2] >= 0)
+    assert len(pieces) == 2, pieces
+    # Gone from the index and from the store (else it is found by digest).
+    (root / index.get(pieces[-1])["handle"]["artifact"]).unlink()
+    assert index.remove(pieces[-1])
+    r = _run(run_py, proj, root, tmp_path / "warm.pt")
+    assert r["path"] == "aot-load", r
+    c = r["counters"]
+    assert c.get("num_inductor_compiles") == 1 and c["num_cache_hits"] == 1, r
+    assert r["probe"]["complete"] == [True], r["probe"]
     for a, b in zip(torch.load(cold[0] / "cold.pt"), torch.load(tmp_path / "warm.pt"), strict=True):
         assert torch.equal(a, b)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -52,7 +53,13 @@ from fxpiece.piecewise.interface import CompilerInterface
 from fxpiece.piecewise.kernels import KernelDir
 from fxpiece.piecewise.ops import resolve_splitting_ops
 from fxpiece.piecewise.plan import PieceInputs, PiecePlan, Work, fake_inputs, plan_piece
-from fxpiece.piecewise.split import readable_split, split_graph, whole_graph
+from fxpiece.piecewise.split import (
+    SplitItem,
+    boundary_nodes,
+    readable_split,
+    split_graph,
+    whole_graph,
+)
 from fxpiece.piecewise.stats import BackendStats, GraphStats, PieceStats, ProgressEvent
 
 __all__ = ["Backend", "OpenedCache", "entry_point"]
@@ -171,15 +178,30 @@ class Backend:
         marked = _torch_compat.marked_dims(gm)
         fake_mode = _torch_compat.detect_fake_mode(example_inputs)
         fakes = fake_inputs(example_inputs, fake_mode)  # metadata only, never weights
-        state = {**aot.graph_state(gm, fakes), "marked": marked}
+        spec = None if self.config.use_inductor_graph_partition else self._splitting
+        state = {**aot.graph_state(gm, fakes, boundary_nodes(gm, spec)), "marked": marked}
         return aot.Piecewise(None, state, pending=(gm, fakes, fake_mode))
 
     def rebuild(
-        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], state: dict[str, Any]
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        state: dict[str, Any],
+        full_graph: aot.FullGraph | None = None,
     ) -> Any:
-        """Build a graph loaded ahead of time (:mod:`fxpiece.piecewise.aot_start`)."""
+        """Build a graph loaded ahead of time (:mod:`fxpiece.piecewise.aot_start`):
+        ``gm`` may be the light graph, ``full_graph`` then loads the whole one."""
+        if full_graph is not None and self.compiler.load_uses_inputs:
+            gm, full_graph = full_graph(), None  # its loads may read any node's value
         traced = aot.current_files(state["traced_modules"])
-        return self.build(gm, example_inputs, traced=traced, marked=state["marked"], saved=state)
+        return self.build(
+            gm,
+            example_inputs,
+            traced=traced,
+            marked=state["marked"],
+            saved=state,
+            full_graph=full_graph,
+        )
 
     def build(
         self,
@@ -189,13 +211,15 @@ class Backend:
         traced: Sequence[str] | None = None,
         marked: Sequence[tuple[int, int]] | None = None,
         saved: dict[str, Any] | None = None,
+        full_graph: aot.FullGraph | None = None,
     ) -> Any:
         """Split, plan and build one Dynamo graph. ``traced`` (the source
         files Dynamo traced) and ``marked`` (the token dims the user marked)
         default to what Dynamo's tracing context says. ``saved``: the state
         of an ahead-of-time entry; its key factors are reused when they still
         hold (:func:`~fxpiece.piecewise.factors.saved_key_factors`), and a
-        capture records them there."""
+        capture records them there. ``full_graph``: ``gm`` is an ahead-of-time
+        entry's light graph, and this loads the whole one (for a compile)."""
         t_start = time.perf_counter()
         if traced is None:
             traced = _torch_compat.traced_files()
@@ -222,10 +246,7 @@ class Backend:
         mc = cache.model if cache is not None else None
 
         t0 = time.perf_counter()
-        if cfg.use_inductor_graph_partition:
-            split_gm, items = whole_graph(gm)
-        else:
-            split_gm, items = split_graph(gm, self._splitting)
+        split_gm, items = self._split(gm)
         split_s = time.perf_counter() - t0
         if mc is not None and not mc.readonly:
             self._best_effort(mc.write_graph, readable_split(split_gm, items))
@@ -264,6 +285,7 @@ class Backend:
             version=fxpiece.__version__,
         )
         store = mc.artifacts if mc is not None else None
+        whole = None if full_graph is None else self._whole_pieces(items, full_graph)
         plans = [
             plan_piece(
                 cfg,
@@ -277,6 +299,7 @@ class Backend:
                 num_pieces=len(items),
                 sym=sym,
                 exact_args=inputs.exact(it.name),
+                full_graph=None if whole is None else functools.partial(whole, it.index),
             )
             for it in compiled_items
         ]
@@ -300,6 +323,31 @@ class Backend:
         gstats.load_s = sum(p.load_s for p in gstats.pieces)
         gstats.total_s = time.perf_counter() - t_start
         return split_gm
+
+    def _split(self, gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[SplitItem]]:
+        if self.config.use_inductor_graph_partition:
+            return whole_graph(gm)
+        return split_graph(gm, self._splitting)
+
+    def _whole_pieces(
+        self, items: Sequence[SplitItem], full_graph: aot.FullGraph
+    ) -> Callable[[int], torch.fx.GraphModule]:
+        """Piece ``i`` split from the whole graph (loaded and split once, on
+        the first call), for compiling a piece planned from the light graph."""
+        split: list[list[SplitItem]] = []
+
+        def piece(index: int) -> torch.fx.GraphModule:
+            if not split:
+                split.append(self._split(full_graph())[1])
+            graph = split[0][index].graph
+            if graph.code != items[index].graph.code:
+                raise RuntimeError(
+                    f"fxpiece: piece {index} of an ahead-of-time entry's whole graph differs "
+                    "from its light copy; clear the entry (fxpiece cache prune) and report it"
+                )
+            return graph
+
+        return piece
 
     # -- the cache -----------------------------------------------------------
     def _open_or_skip(
@@ -766,7 +814,7 @@ class Backend:
         with self.compile_slot(w, mc):
             t0 = time.perf_counter()
             wall0 = time.time()
-            result = self.compiler.compile(w.item.graph, w.example_inputs(), w.entry, w.ctx)
+            result = self.compiler.compile(w.graph(), w.example_inputs(), w.entry, w.ctx)
             w.stats.compile_intervals.append((wall0, time.time()))
         w.stats.compile_s += time.perf_counter() - t0
         w.stats.compiled += 1

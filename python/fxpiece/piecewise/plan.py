@@ -50,6 +50,10 @@ class Work:
     made on demand, when :attr:`args` are Dynamo's recorded ones (same
     shapes and symbols, another fake mode: fine for planning and loading,
     not for compiling)."""
+    full_graph: Callable[[], torch.fx.GraphModule] | None = None
+    """The piece with every node's recorded value, made on demand, when
+    :attr:`item`'s graph comes from the light graph of an ahead-of-time
+    entry (the same code; enough to load, not to compile)."""
 
     @property
     def digest(self) -> str:
@@ -58,6 +62,10 @@ class Work:
     def example_inputs(self) -> Sequence[Any]:
         """What a compiler is handed."""
         return self.args if self.exact_args is None else self.exact_args()
+
+    def graph(self) -> torch.fx.GraphModule:
+        """The graph a compiler is handed."""
+        return self.item.graph if self.full_graph is None else self.full_graph()
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,7 @@ def plan_piece(
     num_pieces: int,
     sym: Any,
     exact_args: Callable[[], Sequence[Any]] | None = None,
+    full_graph: Callable[[], torch.fx.GraphModule] | None = None,
 ) -> PiecePlan:
     """Every entry of piece ``it`` with its example inputs and digest.
     ``sym`` is the token count's symbol; a piece that does not see it is
@@ -118,7 +127,9 @@ def plan_piece(
             store=store, digest=digest, inductor_config=inductor_options, post_grad_pass=pm
         )
         key = index_key(entry.start, entry.end, it.index, compiler_name)
-        work.append(Work(it, entry, ex_args, ctx, stats, key, None if concrete else exact_args))
+        work.append(
+            Work(it, entry, ex_args, ctx, stats, key, None if concrete else exact_args, full_graph)
+        )
     return PiecePlan(it, token_arg, tuple(work), num_pieces)
 
 

@@ -35,7 +35,15 @@ from torch.fx.passes.split_module import split_module
 
 from fxpiece.piecewise.ops import SplittingOp, SplittingOps, resolve_splitting_ops
 
-__all__ = ["SplitItem", "decompose_size_nodes", "readable_split", "split_graph", "whole_graph"]
+__all__ = [
+    "SplitItem",
+    "boundary_nodes",
+    "decompose_size_nodes",
+    "piece_assignment",
+    "readable_split",
+    "split_graph",
+    "whole_graph",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +165,28 @@ def split_graph(
         else resolve_splitting_ops(splitting_ops)
     )
     decompose_size_nodes(gm)
+    assignment, split_ids = piece_assignment(gm, spec)
+    split_gm = split_module(gm, gm, lambda n: assignment[n], keep_original_order=True)
+    items: list[SplitItem] = []
+    for name, mod in split_gm.named_children():
+        if not name.startswith("submod_"):
+            continue
+        gid = int(name.removeprefix("submod_"))
+        assert isinstance(mod, torch.fx.GraphModule)
+        items.append(SplitItem(name, -1, gid, gid in split_ids, mod, split_ids.get(gid)))
+    items.sort(key=lambda it: it.graph_id)
+    items = [
+        SplitItem(it.name, i, it.graph_id, it.is_splitting_graph, it.graph, it.split_op)
+        for i, it in enumerate(items)
+    ]
+    return split_gm, items
+
+
+def piece_assignment(
+    gm: torch.fx.GraphModule, spec: SplittingOps | None
+) -> tuple[dict[torch.fx.Node, int], dict[int, str]]:
+    """Which piece each node (placeholders and output aside) goes to, and
+    the splitting op of each splitting piece. ``spec=None``: one piece."""
     assignment: dict[torch.fx.Node, int] = {}
     split_ids: dict[int, str] = {}
     sid = 0
@@ -173,7 +203,7 @@ def split_graph(
         ):
             assignment[node] = assignment[node.args[0]]
             continue
-        label = spec.matches(node)
+        label = spec.matches(node) if spec is not None else None
         if label is not None:
             if not prev_split and started:
                 sid += 1
@@ -184,20 +214,36 @@ def split_graph(
             prev_split = False
         assignment[node] = sid
         started = True
-    split_gm = split_module(gm, gm, lambda n: assignment[n], keep_original_order=True)
-    items: list[SplitItem] = []
-    for name, mod in split_gm.named_children():
-        if not name.startswith("submod_"):
-            continue
-        gid = int(name.removeprefix("submod_"))
-        assert isinstance(mod, torch.fx.GraphModule)
-        items.append(SplitItem(name, -1, gid, gid in split_ids, mod, split_ids.get(gid)))
-    items.sort(key=lambda it: it.graph_id)
-    items = [
-        SplitItem(it.name, i, it.graph_id, it.is_splitting_graph, it.graph, it.split_op)
-        for i, it in enumerate(items)
-    ]
-    return split_gm, items
+    return assignment, split_ids
+
+
+def boundary_nodes(gm: torch.fx.GraphModule, spec: SplittingOps | None) -> set[str]:
+    """Names of the nodes whose recorded values (``example_value``) a split
+    of ``gm`` reads when nothing is compiled: the inputs, every value that
+    crosses from one piece to another (the pieces' arguments) and the sizes
+    the size decomposition reads. ``gm`` is not modified.
+
+    >>> import torch
+    >>> from fxpiece.piecewise.ops import resolve_splitting_ops
+    >>> gm = torch.fx.symbolic_trace(lambda x: torch.mm(torch.relu(x), x).sin().cos())
+    >>> sorted(boundary_nodes(gm, resolve_splitting_ops([torch.mm])))
+    ['mm', 'relu', 'x']
+    """
+    assignment, _ = piece_assignment(gm, spec)
+    keep: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            keep.add(node.name)
+        elif _is_full_size(node):
+            keep.add(node.name)
+            if isinstance(node.args[0], torch.fx.Node):
+                keep.add(node.args[0].name)
+        piece = assignment.get(node)
+        if piece is not None and any(
+            u in assignment and assignment[u] != piece for u in node.users
+        ):
+            keep.add(node.name)
+    return keep
 
 
 def whole_graph(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[SplitItem]]:

@@ -6,6 +6,13 @@ The backend's result must be a ``SerializableCallable``: :class:`Piecewise`
 is one; it serialises the Dynamo graph and its fake example inputs (with
 ``GraphPickler``) and, when loaded, hands them back to the backend, which
 loads every piece from the cache.
+
+The graph is saved twice: whole, and *light*, with the recorded values
+(fake tensors, the slow part of a load) kept only on the nodes the backend
+reads when it loads every piece (see
+:func:`fxpiece.piecewise.split.boundary_nodes`). A warm start loads the
+light graph; the whole one is loaded only if a piece must be compiled
+(Inductor's passes read every node's value).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import torch.fx
 
 __all__ = [
     "AotUnsupported",
+    "FullGraph",
     "Piecewise",
     "aot_supported",
     "capture",
@@ -40,15 +48,22 @@ __all__ = [
     "traced_modules",
 ]
 
-RebuildFn = Callable[[torch.fx.GraphModule, Sequence[Any], dict[str, Any]], Callable[..., Any]]
-"""Called on load with the Dynamo graph, its fake inputs and the extra
-state the backend recorded; returns what the stitched graph calls."""
+FullGraph = Callable[[], torch.fx.GraphModule]
+"""Loads the saved graph with every node's recorded value (on demand)."""
+RebuildFn = Callable[
+    [torch.fx.GraphModule, Sequence[Any], dict[str, Any], FullGraph | None], Callable[..., Any]
+]
+"""Called on load with the Dynamo graph, its fake inputs, the extra state
+the backend recorded, and, when that graph is the light one, a loader of
+the whole graph; returns what the stitched graph calls."""
 
 _REBUILD: ContextVar[RebuildFn | None] = ContextVar("fxpiece_aot_rebuild", default=None)
 _CAPTURING: ContextVar[bool] = ContextVar("fxpiece_aot_capturing", default=False)
 _DROPPED_META = frozenset({"source_fn_stack", "nn_module_stack", "fwd_source_fn_stack", "grapharg"})
 """Node metadata not saved: stacks of live objects, and Dynamo's graph
 arguments (they hold the real input tensors)."""
+_VALUE_META = ("example_value", "val")
+"""A node's recorded value: left out of the light graph except where kept."""
 
 
 def is_capturing() -> bool:
@@ -119,7 +134,7 @@ class Piecewise(_Base):
             return
         gm, inputs, fake_mode = self._pending
         with _as_in_dynamo(fake_mode):
-            self.fn = rebuild(gm, inputs, self.state)
+            self.fn = rebuild(gm, inputs, self.state, None)
         self._pending = None
 
     @classmethod
@@ -140,14 +155,32 @@ class Piecewise(_Base):
             )
         state = pickle.loads(data)
         fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-        gm = GraphPickler.loads(state["graph"], fake_mode)
+        light = state.get("graph_light")
+        gm = _load_graph(light if light is not None else state["graph"], fake_mode)
         inputs = GraphPickler.loads(state["inputs"], fake_mode)
-        if not isinstance(gm, torch.fx.GraphModule) or not isinstance(inputs, list):
-            raise RuntimeError("an ahead-of-time entry holds no graph")
-        gm.recompile()
+        if not isinstance(inputs, list):
+            raise RuntimeError("an ahead-of-time entry holds no graph inputs")
+        whole: list[torch.fx.GraphModule] = []
+
+        def load_whole() -> torch.fx.GraphModule:
+            if not whole:
+                whole.append(_load_graph(state["graph"], fake_mode))
+            return whole[0]
+
+        full = load_whole if light is not None else None
         with _as_in_dynamo(fake_mode):
-            fn = rebuild(gm, inputs, state)
+            fn = rebuild(gm, inputs, state, full)
         return cls(fn, state)
+
+
+def _load_graph(data: bytes, fake_mode: Any) -> torch.fx.GraphModule:
+    from torch.fx._graph_pickler import GraphPickler
+
+    gm = GraphPickler.loads(data, fake_mode)
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise RuntimeError("an ahead-of-time entry holds no graph")
+    gm.recompile()
+    return gm
 
 
 @contextlib.contextmanager
@@ -167,15 +200,31 @@ def _as_in_dynamo(fake_mode: Any) -> Iterator[None]:
         yield
 
 
-def graph_state(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> dict[str, Any]:
-    """The Dynamo graph and its fake inputs as ``GraphPickler`` bytes."""
+def graph_state(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], keep_values: set[str] | None = None
+) -> dict[str, Any]:
+    """The Dynamo graph and its fake inputs as ``GraphPickler`` bytes; with
+    ``keep_values`` (node names), also the light graph: recorded values
+    only on those nodes (see the module doc)."""
     from torch.fx._graph_pickler import GraphPickler, Options
 
     opts = Options(ops_filter=None, node_metadata_key_filter=lambda k: k not in _DROPPED_META)
-    return {
+    state = {
         "graph": GraphPickler.dumps(gm, opts),
         "inputs": GraphPickler.dumps(list(example_inputs), opts),
     }
+    if keep_values is not None:
+        dropped: list[tuple[torch.fx.Node, str, Any]] = []
+        for node in gm.graph.nodes:
+            if node.op in ("placeholder", "output", "get_attr") or node.name in keep_values:
+                continue
+            dropped += [(node, k, node.meta.pop(k)) for k in _VALUE_META if k in node.meta]
+        try:
+            state["graph_light"] = GraphPickler.dumps(gm, opts)
+        finally:
+            for node, k, v in dropped:
+                node.meta[k] = v
+    return state
 
 
 @contextlib.contextmanager
@@ -267,10 +316,13 @@ def deserialize(data: bytes, f_globals: dict[str, Any], rebuild: RebuildFn) -> A
     keep = {"enable_autograd_for_aot": outside.get("enable_autograd_for_aot")}
 
     def rebuild_as_outside(
-        gm: torch.fx.GraphModule, inputs: Sequence[Any], st: dict[str, Any]
+        gm: torch.fx.GraphModule,
+        inputs: Sequence[Any],
+        st: dict[str, Any],
+        full: FullGraph | None,
     ) -> Any:
         with torch._inductor.config.patch(keep):
-            return rebuild(gm, inputs, st)
+            return rebuild(gm, inputs, st, full)
 
     with rebuilding(rebuild_as_outside):
         fn: Any = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)

@@ -191,7 +191,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument(
         "--latency-sizes",
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=lambda s: [int(x) for x in s.split(",") if x],
         default=[1, 16, 128],
     )
     p.add_argument("--threads", type=int, help="torch.set_num_threads before compiling")

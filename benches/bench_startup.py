@@ -10,14 +10,16 @@ hidden 1024, BF16):
   the whole warm process to the first output vs stock: medians of
   ``--starts`` fresh processes per mode, the modes interleaved;
 - steady-state latency at 1, 16 and 256 tokens vs whole-graph Inductor,
-  with all threads and with ``torch.set_num_threads(1)`` (target: <= 1.05x);
+  with all threads and with ``torch.set_num_threads(1)`` (target: <=
+  1.05x), measured by benches/steady_state.py: the three in one process,
+  interleaved;
 - Hugging Face ``generate()`` (examples/hf_generate.py: a 2-layer Llama,
   7-token prompt, 4 new tokens; three Dynamo graphs): the first
   ``generate`` cold and warm (median of ``--starts`` processes) vs stock
   ``torch.compile`` (target: warm <= 1.0x), and a second ``generate``
   (steady state).
 
-    python benches/bench_startup.py [--only toy|large|hf] [--reps 50] [--starts 5]
+    python benches/bench_startup.py [--only toy|large|hf] [--reps 100] [--starts 5]
 """
 
 from __future__ import annotations
@@ -46,27 +48,23 @@ def verdict(ok: bool) -> str:
 
 
 def bench_model(name: str, layers: int, hidden: int, a: argparse.Namespace) -> None:
+    # Phases stop after the first call; steady state is measured apart.
     args = argparse.Namespace(
         layers=layers,
         hidden=hidden,
         dtype="bfloat16",
         max_tokens=256,
-        reps=a.reps,
-        latency_sizes=[1, 16, 256],
+        reps=0,
+        latency_sizes=[],
     )
-    one = argparse.Namespace(**{**vars(args), "threads": 1})
     d = tempfile.mkdtemp(prefix=f"fxpiece-bench-startup-{name}-")
     print(f"\n== {name}: Llama {layers} layers, hidden {hidden}, bfloat16; cache {d}", flush=True)
     cold = run_phase("fxpiece", d, args)
     warm = run_phase("fxpiece", d, args)
     stock_cold = run_phase("inductor", d, args)
-    stock = run_phase("inductor", d, args)
-    eager = run_phase("eager", d, args)
-    # One thread from the start of the process (set before compiling).
-    t1 = {m: run_phase(m, d, one) for m in ("fxpiece", "inductor", "eager")}
-    # Startup: more warm processes that stop after the first call, the modes
-    # interleaved (this VM's noise drifts); the medians are compared.
-    first = argparse.Namespace(**{**vars(args), "latency_sizes": [], "reps": 0})
+    # Startup: warm processes, the modes interleaved (this VM's speed
+    # drifts); the medians are compared.
+    first = args
     starts: dict[str, list[dict[str, Any]]] = {"fxpiece": [], "fxpiece-noaot": [], "inductor": []}
     for _ in range(a.starts):
         for mode, runs in starts.items():
@@ -107,18 +105,15 @@ def bench_model(name: str, layers: int, hidden: int, a: argparse.Namespace) -> N
         f"{warm_s['process_s']:.2f} s, aot=False {noaot_s['process_s']:.2f} s, stock "
         f"{stock_s['process_s']:.2f} s -> {warm_s['process_s'] / stock_s['process_s']:.2f}x"
     )
-    phases = {
-        "all threads": (warm, stock, eager),
-        "1 thread": (t1["fxpiece"], t1["inductor"], t1["eager"]),
-    }
-    for label, (fx, st, eg) in phases.items():
-        print(f"steady state, {label} (median of {a.reps})")
+    for label, threads in (("all threads", None), ("1 thread", 1)):
+        lat = steady_state(d, layers, hidden, threads, a.reps)
+        print(f"steady state, {label} (one process, interleaved; median of {a.reps} calls each)")
         print(
             f"  {'tokens':>6}  {'eager ms':>9}  {'inductor ms':>11}  {'fxpiece ms':>10}  "
             f"{'vs inductor':>11}"
         )
-        for n in ("1", "16", "256"):
-            f, i, e = fx["latency_s"][n], st["latency_s"][n], eg["latency_s"][n]
+        for n, t in lat.items():
+            f, i, e = t["fxpiece"], t["inductor"], t["eager"]
             print(
                 f"  {n:>6}  {e * 1e3:9.3f}  {i * 1e3:11.3f}  {f * 1e3:10.3f}  {f / i:10.2f}x "
                 f"{verdict(f / i <= 1.05)}"
@@ -127,6 +122,22 @@ def bench_model(name: str, layers: int, hidden: int, a: argparse.Namespace) -> N
 
 
 HF_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "hf_generate.py"
+STEADY = Path(__file__).resolve().parent / "steady_state.py"
+
+
+def steady_state(
+    folder: str, layers: int, hidden: int, threads: int | None, reps: int
+) -> dict[str, dict[str, float]]:
+    """benches/steady_state.py in a fresh process (``threads`` set before
+    anything is compiled, as a server would)."""
+    cmd = [sys.executable, str(STEADY), "--cache-dir", folder, "--layers", str(layers)]
+    cmd += ["--hidden", str(hidden), "--reps", str(reps)]
+    cmd += ["--threads", str(threads)] if threads else []
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench: steady_state.py failed (exit {proc.returncode})")
+    result: dict[str, dict[str, float]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
 
 
 def hf_phase(backend: str, folder: str) -> dict[str, Any]:
@@ -191,7 +202,7 @@ def _medians(runs: list[dict[str, Any]]) -> dict[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--only", choices=[*sorted(MODELS), "hf"])
-    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--reps", type=int, default=100, help="timed calls per size and mode")
     p.add_argument(
         "--starts", type=int, default=5, help="warm processes per mode for the startup medians"
     )

@@ -317,6 +317,10 @@ class Backend:
                 )
                 # Not a submodule assignment: what is called is not an nn.Module.
                 split_gm.__dict__[plan.item.name] = runner.call
+        for it in items:
+            if it.is_splitting_graph:
+                # The eager piece's own code, without nn.Module's call machinery.
+                split_gm.__dict__[it.name] = it.graph.forward
         if mc is not None and not mc.readonly:
             self._save_kernels(mc)
         gstats.compile_s = sum(p.compile_s for p in gstats.pieces)

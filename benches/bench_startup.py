@@ -25,17 +25,14 @@ hidden 1024, BF16):
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from statistics import median
 from typing import Any
 
-from fxpiece.demo import run_phase
+from fxpiece.demo import run_json, run_phase
 
 MODELS = {
     "toy": {"layers": 4, "hidden": 256},
@@ -133,10 +130,8 @@ def steady_state(
     cmd = [sys.executable, str(STEADY), "--cache-dir", folder, "--layers", str(layers)]
     cmd += ["--hidden", str(hidden), "--reps", str(reps)]
     cmd += ["--threads", str(threads)] if threads else []
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"bench: steady_state.py failed (exit {proc.returncode})")
-    result: dict[str, dict[str, float]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_json(cmd, "bench: steady_state.py")
+    result.pop("process_s")
     return result
 
 
@@ -149,13 +144,7 @@ def hf_phase(backend: str, folder: str) -> dict[str, Any]:
         env["TORCHINDUCTOR_CACHE_DIR"] = folder
     else:
         cmd += ["--cache", folder]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"bench: hf_generate --backend {backend} failed (exit {proc.returncode})")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["process_s"] = time.perf_counter() - t0
-    return result
+    return run_json(cmd, f"bench: hf_generate --backend {backend}", env)
 
 
 def bench_hf(starts: int) -> None:

@@ -44,18 +44,10 @@ def measure(
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "stock-inductor")
 
     import fxpiece
-    from fxpiece.demo import demo_config
+    from fxpiece.demo import demo_config, demo_model
     from fxpiece.piecewise import _torch_compat
-    from fxpiece.toy_llama import ToyLlama, ToyLlamaConfig
 
-    torch.manual_seed(0)
-    cfg = ToyLlamaConfig(
-        num_layers=layers,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_heads=max(1, hidden // 32),
-    )
-    model = ToyLlama(cfg).eval().to(torch.bfloat16)
+    model = demo_model(layers, hidden, "bfloat16")
     ours = fxpiece.compile(model, demo_config(cache_dir, max_tokens))
     stock_compiled = torch.compile(copy.deepcopy(model), backend="inductor")
 
@@ -66,7 +58,7 @@ def measure(
     fns: dict[str, Callable[[Any], Any]] = {"eager": model, "inductor": stock, "fxpiece": ours}
     # Each its own inputs: marking a tensor's dim dynamic for one (as stock
     # needs) would make the other's guards reject it.
-    inputs = {(n, k): torch.arange(n) % cfg.vocab_size for n in sizes for k in fns}
+    inputs = {(n, k): torch.arange(n) % model.cfg.vocab_size for n in sizes for k in fns}
     times: dict[tuple[int, str], list[float]] = {(n, k): [] for n in sizes for k in fns}
     per_round = max(1, reps // rounds)
     names = list(fns)

@@ -16,10 +16,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["demo_config", "main", "run_phase", "worker"]
+if TYPE_CHECKING:
+    from fxpiece.toy_llama import ToyLlama
+
+__all__ = ["demo_config", "demo_model", "main", "run_json", "run_phase", "worker"]
 
 SPLIT_OP = "fxpiece_toy::attention"
 
@@ -35,6 +38,37 @@ def demo_config(cache_dir: str, max_tokens: int, aot: bool = True) -> Any:
         cache_dir=cache_dir,
         aot=aot,
     )
+
+
+def demo_model(layers: int, hidden: int, dtype: str) -> ToyLlama:
+    """The demo's toy Llama (seeded: every process gets the same weights)."""
+    import torch
+
+    from fxpiece.toy_llama import ToyLlama, ToyLlamaConfig
+
+    torch.manual_seed(0)
+    cfg = ToyLlamaConfig(
+        num_layers=layers,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_heads=max(1, hidden // 32),
+    )
+    return ToyLlama(cfg).eval().to(getattr(torch, dtype))
+
+
+def run_json(cmd: Sequence[str], what: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Run ``cmd`` (a fresh process; its stderr passes through) and return
+    the JSON object on the last line of its stdout, with ``process_s``, its
+    wall time. A failed run exits naming ``what``."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        list(cmd), stdout=subprocess.PIPE, text=True, env=None if env is None else dict(env)
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"{what} failed (exit {proc.returncode})")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["process_s"] = time.perf_counter() - t0
+    return result
 
 
 def _latency(fn: Any, ids: Any, reps: int) -> float:
@@ -73,16 +107,8 @@ def worker(
 
     import fxpiece
     from fxpiece.piecewise import _torch_compat
-    from fxpiece.toy_llama import ToyLlama, ToyLlamaConfig
 
-    torch.manual_seed(0)
-    toy_cfg = ToyLlamaConfig(
-        num_layers=layers,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_heads=max(1, hidden // 32),
-    )
-    model = ToyLlama(toy_cfg).eval().to(getattr(torch, dtype))
+    model = demo_model(layers, hidden, dtype)
     import_s = time.perf_counter() - t_import
     ids = torch.arange(24) % model.cfg.vocab_size
     with torch.no_grad():
@@ -170,14 +196,9 @@ def run_phase(mode: str, cache_dir: str, args: argparse.Namespace) -> dict[str, 
         ",".join(str(s) for s in args.latency_sizes),
         *(["--threads", str(args.threads)] if getattr(args, "threads", None) else []),
     ]
-    t0 = time.perf_counter()
     # stderr passes through: the worker's progress bar shows live.
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    result = run_json(cmd, f"demo: the {mode} phase")
     sys.stderr.write("\n")
-    if proc.returncode != 0:
-        raise SystemExit(f"demo: the {mode} phase failed (exit {proc.returncode})")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["process_s"] = time.perf_counter() - t0
     return result
 
 

@@ -338,12 +338,10 @@ class Backend:
     ) -> Callable[[int], torch.fx.GraphModule]:
         """Piece ``i`` split from the whole graph (loaded and split once, on
         the first call), for compiling a piece planned from the light graph."""
-        split: list[list[SplitItem]] = []
+        whole_items = functools.cache(lambda: self._split(full_graph())[1])
 
         def piece(index: int) -> torch.fx.GraphModule:
-            if not split:
-                split.append(self._split(full_graph())[1])
-            graph = split[0][index].graph
+            graph = whole_items()[index].graph
             if graph.code != items[index].graph.code:
                 raise RuntimeError(
                     f"fxpiece: piece {index} of an ahead-of-time entry's whole graph differs "

@@ -18,6 +18,7 @@ light graph; the whole one is loaded only if a piece must be compiled
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import io
 import pickle
@@ -160,14 +161,9 @@ class Piecewise(_Base):
         inputs = GraphPickler.loads(state["inputs"], fake_mode)
         if not isinstance(inputs, list):
             raise RuntimeError("an ahead-of-time entry holds no graph inputs")
-        whole: list[torch.fx.GraphModule] = []
-
-        def load_whole() -> torch.fx.GraphModule:
-            if not whole:
-                whole.append(_load_graph(state["graph"], fake_mode))
-            return whole[0]
-
-        full = load_whole if light is not None else None
+        full: FullGraph | None = None
+        if light is not None:
+            full = functools.cache(lambda: _load_graph(state["graph"], fake_mode))
         with _as_in_dynamo(fake_mode):
             fn = rebuild(gm, inputs, state, full)
         return cls(fn, state)

@@ -63,8 +63,10 @@ class CompilerInterface(ABC):
     """Folders of Inductor's cache that this compiler's handles point into;
     they are kept in the kernel bundle (:mod:`fxpiece.piecewise.kernels`)."""
     load_uses_inputs: bool = True
-    """Whether :meth:`load` reads ``example_inputs``; ``False`` lets a warm
-    start skip making fake inputs of the backend's own fake mode."""
+    """Whether :meth:`load` reads ``example_inputs`` (or anything recorded
+    on the graph's nodes); ``False`` lets a warm start skip making fake
+    inputs of the backend's own fake mode, and load an ahead-of-time
+    entry's light graph (recorded values only at piece boundaries)."""
 
     def compute_hash(self) -> str:
         """A hash of everything about this compiler that changes its output

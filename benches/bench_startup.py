@@ -14,10 +14,10 @@ hidden 1024, BF16):
   1.05x), measured by benches/steady_state.py: the three in one process,
   interleaved;
 - Hugging Face ``generate()`` (examples/hf_generate.py: a 2-layer Llama,
-  7-token prompt, 4 new tokens; three Dynamo graphs): the first
-  ``generate`` cold and warm (median of ``--starts`` processes) vs stock
-  ``torch.compile`` (target: warm <= 1.0x), and a second ``generate``
-  (steady state).
+  7-token prompt, 4 new tokens; three Dynamo graphs, all captured ahead of
+  time): the first ``generate`` cold and warm (median of ``--starts``
+  processes) vs stock ``torch.compile`` (target: warm <= 0.6x), and a
+  second ``generate`` (steady state).
 
     python benches/bench_startup.py [--only toy|large|hf] [--reps 100] [--starts 5]
 """
@@ -163,11 +163,13 @@ def bench_hf(starts: int) -> None:
     print(
         f"graphs: fxpiece {cold['graphs']}, stock {s_cold['graphs']}; fxpiece Inductor "
         f"compiles cold {cold['inductor_compiles']}, warm {warm['inductor_compiles']}; "
+        f"start cold {cold['start']} ({cold['aot_saves']} entries), warm {warm['start']} "
+        f"({warm['aot_loads']} entries, {warm['aot_fallbacks']} calls traced); "
         f"tokens equal eager: {ok}"
     )
     for label, ours, base in (("cold", cold, s_cold), ("warm", warm, s_warm)):
         q = ours["seconds"] / base["seconds"]
-        target = f"(target <= 1.0) {verdict(q <= 1.0)}" if label == "warm" else ""
+        target = f"(target <= 0.6) {verdict(q <= 0.6)}" if label == "warm" else ""
         both = (ours["seconds"] + ours["setup_seconds"]) / (base["seconds"] + base["setup_seconds"])
         print(
             f"first generate {label}: fxpiece {ours['seconds']:.2f} s, stock "

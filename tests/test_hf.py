@@ -62,8 +62,16 @@ def test_generate_compiles_unique_pieces_once_dispatches_decode_to_one_token(
     # (KV cache longer than max_num_tokens) runs the exact entry for 1 token.
     assert cold["dispatch"] == {"1": ["1"], str(PROMPT): [f"[1,{PROMPT + 1}]"]}, cold
     assert cold["uncompiled_runs"] == 0
+    # Each of generate's Dynamo graphs (prefill, first decode, later decode:
+    # the KV length is a varying dim, so no graph per length) is captured
+    # ahead of time, and no call falls back to Dynamo.
+    assert cold["graphs"] == 3 and cold["start"] == "aot-capture", cold
+    assert cold["aot_saves"] == 3 and cold["aot_fallbacks"] == 0, cold
 
     warm = _generate(cache)
+    # A warm start loads the three entries and Dynamo traces nothing.
+    assert warm["start"] == "aot-load", warm
+    assert warm["aot_loads"] == 3 and warm["aot_fallbacks"] == 0, warm
     assert warm["tokens_equal_eager"] is True
     assert warm["inductor_compiles"] == 0 and warm["corrupt"] == 0, warm
     assert warm["cache_hits"] == cold["entries_built"], warm

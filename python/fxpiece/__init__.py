@@ -28,6 +28,7 @@ from fxpiece.errors import (
     FxpieceError,
     HostileFileError,
     LockTimeoutError,
+    NotRunnableError,
     SizeOutOfRangeError,
     UntrustedCacheError,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "IndexProblem",
     "InductorPass",
     "LockTimeoutError",
+    "NotRunnableError",
     "PieceStats",
     "Range",
     "SizeOutOfRangeError",

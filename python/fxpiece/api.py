@@ -3,15 +3,16 @@ dynamic, so token counts never trigger a recompile."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from fxpiece.config import CompileConfig
 from fxpiece.context import current_model_tag
-from fxpiece.errors import ConfigError, FxpieceError
+from fxpiece.errors import ConfigError, FxpieceError, NotRunnableError
 from fxpiece.piecewise import _torch_compat
 from fxpiece.piecewise.aot_start import AotStart, StartInfo
 from fxpiece.piecewise.backend import Backend
@@ -30,12 +31,17 @@ class CompiledModel:
         model: Callable[..., Any],
         backend: Backend,
         dynamic_arg_dims: DynamicArgDims | None,
+        varying_dims: DynamicArgDims | None = None,
     ) -> None:
         self.model = model
         self.backend = backend
         self.dynamic_arg_dims = dynamic_arg_dims
+        self.varying_dims = varying_dims
         self._compiled = torch.compile(model, backend=backend, fullgraph=False)
         self._aot: AotStart | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (_unpickled, (_describe(self.model),))
 
     @property
     def stats(self) -> BackendStats:
@@ -47,35 +53,73 @@ class CompiledModel:
         (``None`` before the first call)."""
         return None if self._aot is None else self._aot.info
 
-    def _mark(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], *, inplace: bool = True
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Mark the token dims of the call's tensors dynamic: in place (what
-        ``torch.compile`` reads), or on aliases (``inplace=False``: what the
-        ahead-of-time capture reads; the caller's tensors stay unmarked, as
-        the loaded guards expect them)."""
+    @contextlib.contextmanager
+    def _marked_for_capture(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
+        """The call with its dynamic dims marked for an ahead-of-time
+        capture, and the caller's tensors unmarked again after it (the saved
+        guards reject a tensor that carries marks the capture did not see)."""
+        touched: list[tuple[torch.Tensor, dict[str, Any]]] = []
+        try:
+            yield self._mark(args, kwargs, inplace=False, touched=touched)
+        finally:
+            for t, attrs in touched:
+                t.__dict__.clear()
+                t.__dict__.update(attrs)
 
-        def dims_for(key: int | str, value: Any) -> tuple[int, ...]:
-            if self.dynamic_arg_dims is None:
-                return (0,) if isinstance(value, torch.Tensor) and value.dim() > 0 else ()
-            d = self.dynamic_arg_dims.get(key, ())
+    def _mark(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        inplace: bool = True,
+        touched: list[tuple[torch.Tensor, dict[str, Any]]] | None = None,
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Mark the token dims (and the varying dims) of the call's tensors
+        dynamic: in place (what ``torch.compile`` reads), or on aliases
+        (``inplace=False``: what the ahead-of-time capture reads). Tensors
+        held inside a non-tensor argument (``varying_dims``) are marked in
+        place either way; ``touched`` collects them with their attributes
+        before marking, to restore."""
+        mode = self.backend.config.dynamic
+
+        def dims(spec: DynamicArgDims | None, key: int | str) -> tuple[int, ...]:
+            d = spec.get(key, ()) if spec is not None else ()
             return (d,) if isinstance(d, int) else tuple(d)
 
+        def token_dims(key: int | str, value: Any) -> tuple[int, ...]:
+            if self.dynamic_arg_dims is None:
+                return (0,) if isinstance(value, torch.Tensor) and value.dim() > 0 else ()
+            return dims(self.dynamic_arg_dims, key)
+
         def marked(key: int | str, value: Any) -> Any:
-            dims = dims_for(key, value)
-            if dims and not isinstance(value, torch.Tensor):
-                raise ConfigError(
-                    "dynamic_arg_dims", f"argument {key!r} is not a tensor: {type(value)}"
-                )
-            if dims and not inplace:
-                value = value.detach().requires_grad_(value.requires_grad)
-            for d in dims:
-                if d >= value.dim():
+            tdims = token_dims(key, value)
+            vdims = dims(self.varying_dims, key)
+            if not isinstance(value, torch.Tensor):
+                if tdims:
                     raise ConfigError(
-                        "dynamic_arg_dims",
-                        f"argument {key!r} has {value.dim()} dims; dim {d} does not exist",
+                        "dynamic_arg_dims", f"argument {key!r} is not a tensor: {type(value)}"
                     )
-                _torch_compat.mark_token_dim(value, d, self.backend.config.dynamic)
+                for t in _held_tensors(value) if vdims else ():
+                    if touched is not None:
+                        touched.append((t, dict(t.__dict__)))
+                    for d in vdims:
+                        if d < t.dim():
+                            _torch_compat.mark_token_dim(t, d, mode)
+                return value
+            if (tdims or vdims) and not inplace:
+                value = value.detach().requires_grad_(value.requires_grad)
+            for what, ds in (("dynamic_arg_dims", tdims), ("varying_dims", vdims)):
+                for d in ds:
+                    if d >= value.dim():
+                        raise ConfigError(
+                            what,
+                            f"argument {key!r} has {value.dim()} dims; dim {d} does not exist",
+                        )
+                    _torch_compat.mark_token_dim(value, d, mode)
+            if tdims:
+                _torch_compat.set_token_dims(value, tdims)
             return value
 
         new_args = tuple(marked(i, a) for i, a in enumerate(args))
@@ -99,10 +143,19 @@ class CompiledModel:
                     tag = current_model_tag()
                     model_tag = tag.tag if tag is not None else self.backend.config.model_tag
                     self._aot = AotStart(self.backend, self.model, model_tag)
-                    self._aot.start(*self._mark(args, kwargs, inplace=False))
+                    with self._marked_for_capture(args, kwargs) as (a, k):
+                        self._aot.start(a, k)
                 served, out = self._aot.call(args, kwargs)
                 if served:
                     return out
+                if self._aot.can_capture():
+                    with self._marked_for_capture(args, kwargs) as (a, k):
+                        added = self._aot.add(a, k)
+                    if added:
+                        served, out = self._aot.call(args, kwargs)
+                        if served:
+                            return out
+                self._aot.fallback()
                 self._mark(args, kwargs)
                 return self._compiled(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as e:
@@ -114,11 +167,58 @@ class CompiledModel:
             raise
 
 
+def _held_tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
+    """The tensors a non-tensor argument holds (a KV cache object, a list, a
+    dict): through lists, tuples, dicts and objects' attributes, 4 levels
+    deep; modules (their parameters) are not entered."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth >= 4 or isinstance(value, torch.nn.Module | str | bytes | int | float | bool):
+        return []
+    if isinstance(value, dict):
+        items: list[Any] = list(value.values())
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    elif hasattr(value, "__dict__"):
+        items = list(vars(value).values())
+    else:
+        return []
+    return [t for item in items for t in _held_tensors(item, depth + 1)]
+
+
+def _describe(model: object) -> str:
+    return getattr(model, "__qualname__", None) or type(model).__qualname__
+
+
+class UnpickledCompiledModel:
+    """What a pickled :class:`CompiledModel` loads as: its compiled state
+    (a backend, Dynamo's caches) does not survive pickling, so calling it
+    raises :class:`~fxpiece.errors.NotRunnableError`. Pickling one must work
+    all the same: a model compiled as ``model.forward = fxpiece.compile(...)``
+    holds it, and Dynamo's ahead-of-time capture pickles the module state
+    its guards reach."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotRunnableError(
+            f"fxpiece: a CompiledModel of {self.what} was restored from a pickle and cannot run "
+            "(a backend and Dynamo's caches do not pickle); call fxpiece.compile on the model "
+            "again"
+        )
+
+
+def _unpickled(what: str) -> UnpickledCompiledModel:
+    return UnpickledCompiledModel(what)
+
+
 def compile(
     model: Callable[..., Any],
     config: CompileConfig | None = None,
     dynamic_arg_dims: DynamicArgDims | None = None,
     backend_cls: type[Backend] = Backend,
+    varying_dims: DynamicArgDims | None = None,
 ) -> CompiledModel:
     """Compile ``model`` piecewise.
 
@@ -129,10 +229,17 @@ def compile(
     included. ``backend_cls`` chooses the backend class (e.g.
     :class:`fxpiece.distributed.DistributedBackend`).
 
+    ``varying_dims`` maps arguments to other dims that vary from call to
+    call but are not the token count, such as a KV cache's length
+    (``{"past_key_values": 2}``): they are marked dynamic the same way, so a
+    longer cache does not trace a new graph, but pieces never dispatch on
+    them. For a non-tensor argument (a cache object, a list, a dict) the
+    dim applies to every tensor it holds that has it.
+
     >>> import torch, fxpiece
     >>> m = fxpiece.compile(torch.nn.Linear(4, 4), fxpiece.CompileConfig(compiler="eager",
     ...                     disable_cache=True))
     >>> m(torch.ones(3, 4)).shape
     torch.Size([3, 4])
     """
-    return CompiledModel(model, backend_cls(config), dynamic_arg_dims)
+    return CompiledModel(model, backend_cls(config), dynamic_arg_dims, varying_dims)

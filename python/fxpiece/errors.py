@@ -36,6 +36,7 @@ __all__ = [
     "FxpieceError",
     "HostileFileError",
     "LockTimeoutError",
+    "NotRunnableError",
     "SizeOutOfRangeError",
     "UntrustedCacheError",
 ]
@@ -84,6 +85,11 @@ class ConfigError(FxpieceError, ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class NotRunnableError(FxpieceError, RuntimeError):
+    """A compiled model restored from a pickle was called: its compiled state
+    does not survive pickling; compile the model again."""
 
 
 class SizeOutOfRangeError(FxpieceError, ValueError):

@@ -65,7 +65,11 @@ def _compile_and_run(run: dict[str, Any], model: Any, disable: bool) -> tuple[An
             outs[n] = cm(_inputs(n, run.get("hidden", 32), dtype))
     after = fxpiece.counters.snapshot()
     diff = {k: after[k] - before[k] for k in after if after[k] != before[k]}
-    g = cm.stats.graphs[-1]  # the graph that served the calls (after any AOT fallback)
+    # The graph that served the calls: the last one whose pieces ran (a warm
+    # start loads every ahead-of-time entry of the launch key, and only one
+    # of them may serve these inputs), after any AOT fallback.
+    ran = [g for g in cm.stats.graphs if any(r.chosen for r in g.runners)]
+    g = ran[-1] if ran else cm.stats.graphs[-1]
     info = {
         "diff": diff,
         "key": g.cache_key,

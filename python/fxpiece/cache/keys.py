@@ -35,6 +35,7 @@ __all__ = [
     "KERNELS_KEY",
     "IndexKey",
     "KeyFactors",
+    "aot_key",
     "artifact_digest",
     "factors_key",
     "index_key",
@@ -68,9 +69,14 @@ def is_kernels_key(key: IndexKey) -> bool:
     return key[3] == KERNELS
 
 
-AOT_KEY: IndexKey = (0, 0, -2, "aot")
-"""Where a launch folder's index keeps its ahead-of-time entry
-(:mod:`fxpiece.piecewise.aot_start`)."""
+def aot_key(n: int) -> IndexKey:
+    """Where a launch folder's index keeps its ``n``-th ahead-of-time entry
+    (:mod:`fxpiece.piecewise.aot_start`): one per Dynamo graph captured."""
+    return (n, 0, -2, "aot")
+
+
+AOT_KEY: IndexKey = aot_key(0)
+"""The first ahead-of-time entry (the first call's graph)."""
 AOT_TAG_SUFFIX = ".aot"
 """Launch folders are ``models/<launch key>/<model_tag>.aot``."""
 

@@ -6,12 +6,13 @@ can know without tracing: the environment, config, Inductor and compiler
 factors of the model key, and the call itself (the model's class and
 parameter metadata, the inputs' dtypes, ranks, marked dims and static
 sizes, grad mode). Under ``models/<launch key>/<model_tag>.aot`` the index
-holds one entry (:data:`~fxpiece.cache.keys.AOT_KEY`): the digest of the
-saved Dynamo output (a verified artifact in the content-addressed store)
-and the BLAKE3 of every source file Dynamo traced.
+holds one entry per captured Dynamo graph (:func:`~fxpiece.cache.keys.aot_key`,
+up to :data:`MAX_ENTRIES`): the digest of the saved Dynamo output (a
+verified artifact in the content-addressed store) and the BLAKE3 of every
+source file Dynamo traced.
 
 - **Warm**: the recorded files are hashed again; any change (an edited
-  model file) is a miss. Otherwise the artifact is loaded (verified first,
+  model file) is a miss. Otherwise every entry is loaded (verified first,
   quarantined if corrupt) and its graph is rebuilt by the backend, which
   loads every piece from the cache: no Dynamo trace.
 - **Cold**: the call is captured with Dynamo's ahead-of-time compile (one
@@ -19,18 +20,26 @@ and the BLAKE3 of every source file Dynamo traced.
   A model with a graph break cannot be captured: that is logged with the
   reason, recorded (later starts do not retry), and the model runs through
   ``torch.compile`` as before.
-- **Every call** checks the captured guards first; a call they reject (a
-  new dtype, a static size that changed) runs through ``torch.compile``
-  (counted in ``num_aot_fallbacks``).
+- **Every call** checks the entries' guards first (the one that served
+  the last call first). A call they all reject (``generate``'s decode step
+  after its prefill) is captured as the next entry, so every graph a
+  model's calls need is saved; when that cannot be done (a graph break, a
+  read-only cache, :data:`MAX_ENTRIES` reached) the call runs through
+  ``torch.compile`` (counted in ``num_aot_fallbacks``).
 
 >>> from fxpiece.piecewise.aot_start import launch_input_meta
 >>> import torch
->>> launch_input_meta(torch.ones(2, 3))["shape"]
+>>> t = torch.ones(2, 3)
+>>> launch_input_meta(t)["shape"]
+[2, 3]
+>>> torch._dynamo.mark_dynamic(t, 0)
+>>> launch_input_meta(t)["shape"]
 ['*', 3]
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +49,7 @@ from typing import Any
 import torch
 
 import fxpiece
-from fxpiece.cache.keys import AOT_KEY, AOT_TAG_SUFFIX, factors_key
+from fxpiece.cache.keys import AOT_TAG_SUFFIX, aot_key, factors_key
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.model import ModelCache
 from fxpiece.cache.store import checksum, quarantine
@@ -59,6 +68,11 @@ from fxpiece.piecewise.factors import (
 __all__ = ["AotStart", "StartInfo", "launch_input_meta"]
 
 _log = logging.getLogger("fxpiece")
+
+MAX_ENTRIES = 8
+"""The most ahead-of-time entries one launch key holds (one per Dynamo graph
+the model's calls need: ``generate`` needs three). Calls none of them serves
+are traced by Dynamo."""
 
 
 @dataclass(frozen=True)
@@ -109,8 +123,16 @@ class AotStart:
         self.backend = backend
         self.model = model
         self.model_tag = model_tag
-        self._fn: Any = None
+        self._fns: list[Any] = []
+        """The loaded or captured entries, in the order they are tried."""
+        self._last = 0
+        """The entry that served the last call (tried first)."""
+        self._slots: set[int] = set()
+        """Which ``aot_key(n)`` the entries are at (a capture takes the next free one)."""
+        self._mc: ModelCache | None = None
+        self._target_fn: Callable[..., Any] | None = None
         self._grad = True
+        self._lead: tuple[Any, ...] = ()
         self._warned = False
         self._recorded_unsupported = False
         self.info: StartInfo | None = None
@@ -126,6 +148,10 @@ class AotStart:
             if m._forward_hooks or m._forward_pre_hooks:
                 return "the module has forward hooks"
             return type(m).forward, (m,)
+        if inspect.ismethod(m):
+            # Captured as its function with the receiver first, as Dynamo
+            # traces it: the saved guards then see the same locals on a check.
+            return m.__func__, (m.__self__,)
         if hasattr(m, "__code__") and hasattr(m, "__globals__"):
             return m, ()
         return f"{type(m).__name__} is neither a function nor an nn.Module"
@@ -144,10 +170,11 @@ class AotStart:
         """The factors of the launch key (see the module doc)."""
         cfg = self.backend.config
         m = self.model
+        owner = m.__self__ if inspect.ismethod(m) else m
         model = {
-            "type": f"{type(m).__module__}.{type(m).__qualname__}",
+            "type": f"{type(owner).__module__}.{type(owner).__qualname__}",
             "name": getattr(m, "__qualname__", None),
-            "state": _module_meta(m) if isinstance(m, torch.nn.Module) else None,
+            "state": _module_meta(owner) if isinstance(owner, torch.nn.Module) else None,
         }
         return {
             "env": env_factors(),
@@ -165,7 +192,8 @@ class AotStart:
 
     # -- the start ------------------------------------------------------------
     def start(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> StartInfo:
-        """Load or capture the ahead-of-time entry (first call only)."""
+        """Load every ahead-of-time entry of the launch key, or capture the
+        first call (first call only)."""
         t0 = time.perf_counter()
         why = self._why_not()
         target = self._target()
@@ -175,6 +203,7 @@ class AotStart:
             self.info = StartInfo("dynamo", why, 0.0)
             return self.info
         fn, lead = target
+        self._target_fn, self._lead = fn, lead
         self._grad = torch.is_grad_enabled()
         try:
             mc = self._open(args, kwargs)
@@ -183,9 +212,9 @@ class AotStart:
         except OSError as e:
             self.info = StartInfo("dynamo", f"launch folder unusable: {e}", 0.0)
             return self.info
+        self._mc = mc
         path, why = self._load(mc, fn)
-        can_capture = not (mc.readonly or self.backend.config.require_cache_hit)
-        if path is None and can_capture and not self._recorded_unsupported:
+        if path is None and self.can_capture():
             path, why_not = self._capture(mc, fn, lead, args, kwargs)
             if path is None:
                 why = why_not
@@ -193,6 +222,28 @@ class AotStart:
         if path is None:
             _log.info("fxpiece: no ahead-of-time start for %r: %s", self.model_tag, why)
         return self.info
+
+    def can_capture(self) -> bool:
+        """Whether a call no entry serves may be captured as a new entry."""
+        mc = self._mc
+        return (
+            mc is not None
+            and self._target_fn is not None
+            and not (mc.readonly or self.backend.config.require_cache_hit)
+            and not self._recorded_unsupported
+            and len(self._fns) < MAX_ENTRIES
+        )
+
+    def add(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+        """Capture a call that no entry serves as the next entry (``args``
+        and ``kwargs`` with their dynamic dims marked). ``False`` if it
+        cannot be captured (the call then goes through ``torch.compile``)."""
+        if not self.can_capture() or self._mc is None or self._target_fn is None:
+            return False
+        if torch.is_grad_enabled() != self._grad:
+            return False
+        path, _ = self._capture(self._mc, self._target_fn, self._lead, args, kwargs)
+        return path is not None
 
     def _open(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> ModelCache:
         cfg = self.backend.config
@@ -215,14 +266,32 @@ class AotStart:
         return mc
 
     def _load(self, mc: ModelCache, fn: Callable[..., Any]) -> tuple[str | None, str]:
-        value = mc.index.get(AOT_KEY)
-        if not isinstance(value, dict):
-            return None, "no ahead-of-time entry for this launch key yet"
-        if "unsupported" in value:
-            reason = str(value["unsupported"])
-            self._recorded_unsupported = True
-            self._log_unsupported(reason, recorded=True)
-            return None, reason
+        """Load the launch key's entries in order (``aot_key(0)``, ``(1)``...,
+        up to the first absent one); ``("aot-load", "")`` if any loaded."""
+        why = "no ahead-of-time entry for this launch key yet"
+        for n in range(MAX_ENTRIES):
+            value = mc.index.get(aot_key(n))
+            if not isinstance(value, dict):
+                break
+            if "unsupported" in value:
+                reason = str(value["unsupported"])
+                self._recorded_unsupported = True
+                if n == 0:
+                    self._log_unsupported(reason, recorded=True)
+                    return None, reason
+                break
+            loaded, why = self._load_one(mc, fn, n, value)
+            if loaded is not None:
+                self._fns.append(loaded)
+                self._slots.add(n)
+        if not self._fns:
+            return None, why
+        self.backend.count("num_aot_loads", len(self._fns))
+        return "aot-load", ""
+
+    def _load_one(
+        self, mc: ModelCache, fn: Callable[..., Any], n: int, value: Mapping[str, Any]
+    ) -> tuple[Any, str]:
         files = value.get("files")
         if not isinstance(files, dict) or not files:
             return None, "the ahead-of-time entry lists no traced files"
@@ -235,19 +304,17 @@ class AotStart:
             _log.warning("fxpiece: the ahead-of-time entry is missing or corrupt; tracing again")
             return None, "the ahead-of-time entry is missing or corrupt"
         try:
-            self._fn = aot.deserialize(data, fn.__globals__, self.backend.rebuild)
+            return aot.deserialize(data, fn.__globals__, self.backend.rebuild), ""
         except UntrustedCacheError:
             raise
         except Exception as e:  # an entry torch cannot load: trace again, never crash
-            self._quarantine(mc, value)
+            self._quarantine(mc, n, value)
             _log.warning(
                 "fxpiece: loading the ahead-of-time entry failed (%s: %s); tracing again",
                 type(e).__name__,
                 e,
             )
             return None, f"loading the ahead-of-time entry failed: {type(e).__name__}"
-        self.backend.count("num_aot_loads")
-        return "aot-load", ""
 
     @staticmethod
     def _changed_files(files: Mapping[str, Any]) -> str | None:
@@ -262,7 +329,7 @@ class AotStart:
                 return f"{name} ({path or 'not found'})"
         return None
 
-    def _quarantine(self, mc: ModelCache, value: Mapping[str, Any]) -> None:
+    def _quarantine(self, mc: ModelCache, n: int, value: Mapping[str, Any]) -> None:
         """Move aside an entry that verified but does not load (torch cannot
         read it), so the next capture can store its own."""
         self.backend.count("num_corrupt_artifacts")
@@ -273,7 +340,7 @@ class AotStart:
         if isinstance(rel, str) and mc.layout.is_artifact_rel(rel):
             quarantine(mc.layout.artifact_path(mc.layout.digest_of_artifact(rel)))
         try:
-            mc.index.remove(AOT_KEY)
+            mc.index.remove(aot_key(n))
         except CacheError as e:
             _log.warning("fxpiece: could not drop the ahead-of-time entry: %s", e)
 
@@ -285,6 +352,7 @@ class AotStart:
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
     ) -> tuple[str | None, str]:
+        n = next(i for i in range(MAX_ENTRIES + 1) if i not in self._slots)
         try:
             captured = aot.capture(fn, (*lead, *args), dict(kwargs), self.backend)
             piece = aot.captured_piecewise(captured)
@@ -293,23 +361,20 @@ class AotStart:
             piece.finish(self.backend.rebuild)
             data = aot.serialize(captured)
         except aot.AotUnsupported as e:
-            self._log_unsupported(str(e), recorded=False)
-            self.backend.count("num_aot_fallbacks")
-            self._record(mc, {"unsupported": str(e)})
-            return None, str(e)
+            return self._unsupported(mc, n, str(e))
         # Serve calls with the saved function, exactly as a warm start does
         # (the pieces are reused from this backend, not rebuilt).
         try:
             built = piece.fn
             if built is None:
                 raise aot.AotUnsupported("the captured graph was not built")
-            self._fn = aot.deserialize(data, fn.__globals__, lambda *_: built)
+            loaded = aot.deserialize(data, fn.__globals__, lambda *_: built)
         except Exception as e:
-            reason = f"Dynamo's saved output does not load: {type(e).__name__}: {e}"
-            self._log_unsupported(reason, recorded=False)
-            self.backend.count("num_aot_fallbacks")
-            self._record(mc, {"unsupported": reason})
-            return None, reason
+            return self._unsupported(
+                mc, n, f"Dynamo's saved output does not load: {type(e).__name__}: {e}"
+            )
+        self._fns.append(loaded)
+        self._slots.add(n)
         digests = {f.path: f.digest for f in hash_files_report(modules.values()).files}
         files = {name: digests.get(path) for name, path in modules.items()}
         try:
@@ -318,15 +383,34 @@ class AotStart:
         except CacheError as e:
             _log.warning("fxpiece: could not store the ahead-of-time entry: %s", e)
             return "aot-capture", ""
-        self._record(mc, {"digest": digest, "handle": handle, "files": files})
+        self._record(mc, n, {"digest": digest, "handle": handle, "files": files})
         self.backend.count("num_aot_saves")
         return "aot-capture", ""
 
-    def _record(self, mc: ModelCache, value: dict[str, Any]) -> None:
+    def _unsupported(self, mc: ModelCache, n: int, reason: str) -> tuple[None, str]:
+        """A call that cannot be captured: said once, and recorded so later
+        starts do not try again (the first call: no ahead-of-time start at
+        all; a later one: calls no entry serves are traced by Dynamo)."""
+        if n == 0:
+            self._log_unsupported(reason, recorded=False)
+        else:
+            _log.warning(
+                "fxpiece: a later call to %r cannot be captured ahead of time (%s); "
+                "calls the %d captured entries do not serve are traced by Dynamo",
+                self.model_tag,
+                reason,
+                len(self._fns),
+            )
+        self._recorded_unsupported = True
+        self.backend.count("num_aot_fallbacks")
+        self._record(mc, n, {"unsupported": reason})
+        return None, reason
+
+    def _record(self, mc: ModelCache, n: int, value: dict[str, Any]) -> None:
         if mc.readonly:
             return
         try:
-            mc.index.insert(AOT_KEY, value)
+            mc.index.insert(aot_key(n), value)
         except CacheError as e:
             _log.warning("fxpiece: could not record the ahead-of-time entry: %s", e)
 
@@ -341,20 +425,30 @@ class AotStart:
 
     # -- calls ----------------------------------------------------------------
     def call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[bool, Any]:
-        """``(True, result)`` if the captured function serves this call,
-        ``(False, None)`` if it must go through ``torch.compile``."""
-        fn = self._fn
-        if fn is None:
+        """``(True, result)`` if a captured function serves this call (the
+        first whose guards accept it), ``(False, None)`` if none does."""
+        if not self._fns or torch.is_grad_enabled() != self._grad:
             return False, None
-        lead = (self.model,) if isinstance(self.model, torch.nn.Module) else ()
-        if torch.is_grad_enabled() == self._grad and aot.check_guards(fn, *lead, *args, **kwargs):
-            return True, fn(*lead, *args, **kwargs)
+        lead = self._lead
+        fns = self._fns
+        # The entry that served the last call first: decode steps repeat it.
+        for i in (self._last, *range(len(fns))):
+            fn = fns[i]
+            if aot.check_guards(fn, *lead, *args, **kwargs):
+                self._last = i
+                return True, fn(*lead, *args, **kwargs)
+        return False, None
+
+    def fallback(self) -> None:
+        """A call no entry serves goes through ``torch.compile``: counted,
+        and said once."""
+        if not self._fns:
+            return
         self.backend.count("num_aot_fallbacks")
         if not self._warned:
             self._warned = True
             _log.warning(
-                "fxpiece: the ahead-of-time entry's guards reject a call to %r "
+                "fxpiece: no ahead-of-time entry's guards accept a call to %r "
                 "(inputs or grad mode differ from the captured ones); tracing it",
                 self.model_tag,
             )
-        return False, None

@@ -46,6 +46,7 @@ __all__ = [
     "marked_dims",
     "prepare_inductor",
     "resolve_dynamic",
+    "set_token_dims",
     "standalone_bytes",
     "token_dims_context",
     "traced_files",
@@ -116,19 +117,35 @@ def traced_files() -> list[str]:
     return sorted({c.co_filename for c in codes})
 
 
+TOKEN_DIMS_ATTR = "_fxpiece_token_dims"
+"""The attribute :func:`set_token_dims` leaves on a tensor."""
+
+
+def set_token_dims(t: torch.Tensor, dims: Sequence[int]) -> None:
+    """Record which of ``t``'s dynamic dims are token dims (the others, such
+    as a KV cache's length, vary too but are not dispatched on)."""
+    setattr(t, TOKEN_DIMS_ATTR, frozenset(dims))
+
+
 def marked_dims(gm: torch.fx.GraphModule) -> list[tuple[int, int]]:
-    """``(graph input, dim)`` of every dim the user marked dynamic (backed
-    or unbacked) on the real tensors Dynamo traced, in input order."""
-    out: list[tuple[int, int]] = []
+    """``(graph input, dim)`` of every token dim the user marked on the real
+    tensors Dynamo traced, in input order: the dims :func:`set_token_dims`
+    recorded if any input has them, else every dim marked dynamic (backed or
+    unbacked: a caller of ``torch.compile`` that marked dims itself)."""
+    examples: list[tuple[int, torch.Tensor]] = []
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for i, node in enumerate(placeholders):
         arg = node.meta.get("grapharg")
         example = getattr(arg, "example", None) if arg is not None else None
-        if not isinstance(example, torch.Tensor) or isinstance(example, torch.nn.Parameter):
-            continue
+        if isinstance(example, torch.Tensor) and not isinstance(example, torch.nn.Parameter):
+            examples.append((i, example))
+    if any(hasattr(t, TOKEN_DIMS_ATTR) for _, t in examples):
+        return [(i, d) for i, t in examples for d in sorted(getattr(t, TOKEN_DIMS_ATTR, ()))]
+    out: list[tuple[int, int]] = []
+    for i, t in examples:
         dims: set[int] = set()
         for attr in ("_dynamo_unbacked_indices", "_dynamo_dynamic_indices"):
-            dims |= set(getattr(example, attr, ()) or ())
+            dims |= set(getattr(t, attr, ()) or ())
         out.extend((i, d) for d in sorted(dims))
     return out
 
@@ -339,8 +356,9 @@ def resolve_dynamic(mode: str) -> str:
 
 
 def mark_token_dim(t: torch.Tensor, dim: int, mode: str = "auto") -> None:
-    """Mark ``dim`` of ``t`` as the token dimension (``mode``: see
-    :func:`resolve_dynamic`).
+    """Mark ``dim`` of ``t`` dynamic the way token dims are (``mode``: see
+    :func:`resolve_dynamic`); varying dims (a KV cache's length) are marked
+    the same way, and :func:`set_token_dims` says which are token dims.
 
     - ``"unbacked"``: ``mark_unbacked``; the size has no hint and is never
       specialised, so 0 and 1 go through the one graph.

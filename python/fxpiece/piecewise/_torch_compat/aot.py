@@ -20,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import inspect
 import io
 import pickle
 import sys
+import types
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -40,6 +42,7 @@ __all__ = [
     "check_guards",
     "current_files",
     "deserialize",
+    "frame_scope",
     "graph_state",
     "is_capturing",
     "keep_guards",
@@ -240,9 +243,13 @@ def capture(
     return Dynamo's ahead-of-time compiled function (guards checked by the
     caller: see :func:`check_guards`). :class:`AotUnsupported` when it
     cannot be captured (graph break, a value Dynamo cannot save)."""
+    scope = frame_scope(fn, args, kwargs)
     with torch._dynamo.config.patch(enable_aot_compile=True):
         compiled = torch.compile(
-            fn, fullgraph=True, backend=backend, options={"guard_filter_fn": keep_guards}
+            fn,
+            fullgraph=True,
+            backend=backend,
+            options={"guard_filter_fn": functools.partial(keep_guards, scope=scope)},
         )
     token = _CAPTURING.set(True)
     try:
@@ -255,11 +262,59 @@ def capture(
         raise AotUnsupported(f"{type(e).__name__}: {_first_line(e)}") from e
     finally:
         _CAPTURING.reset(token)
+    if scope is not None:
+        _import_installed_modules(out, scope["G"])
     out.disable_guard_check()
     return out
 
 
-def keep_guards(entries: Sequence[Any]) -> list[bool]:
+def _import_installed_modules(captured: Any, f_globals: dict[str, Any]) -> None:
+    """Record, as imports, the modules Dynamo's bytecode reads through a
+    global it installed under a per-process name (``___module_collections_<id>_c0``,
+    when an inlined function's output is rebuilt with a module its own
+    globals do not name). Dynamo's saved output does not record them, so a
+    fresh process could not load it ("Missing required external
+    references")."""
+    env = getattr(getattr(captured, "_artifacts", None), "runtime_env", None)
+    if env is None:
+        return
+    for ref in sorted(getattr(env, "external_refs", ())):
+        if ref in env.used_globals or ref in env.import_sources:
+            continue
+        value = f_globals.get(ref)
+        if ref.startswith("___module_") and isinstance(value, types.ModuleType):
+            env.import_sources[ref] = value.__name__
+
+
+def frame_scope(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+) -> dict[str, Any] | None:
+    """What Dynamo's guard sources are evaluated in for a call of ``fn``:
+    ``{"L": the frame's locals, "G": its globals}``, as Dynamo's
+    ahead-of-time compile binds them (the signature of the function itself,
+    not of what it wraps; a bound method's ``self`` first). ``None`` if the
+    call does not bind."""
+    lead: tuple[Any, ...] = ()
+    target: Any = fn
+    if inspect.ismethod(fn):
+        lead, target = (fn.__self__,), fn.__func__
+    code = getattr(target, "__code__", None)
+    if code is None:
+        return None
+    try:
+        bound = inspect.signature(target, follow_wrapped=False).bind(*lead, *args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    bound.apply_defaults()
+    f_locals: dict[str, Any] = {}
+    for name, cell in zip(code.co_freevars, target.__closure__ or (), strict=False):
+        with contextlib.suppress(ValueError):  # an empty cell
+            f_locals[name] = cell.cell_contents
+    f_locals.update(bound.arguments)
+    return {"L": f_locals, "G": target.__globals__}
+
+
+def keep_guards(entries: Sequence[Any], scope: dict[str, Any] | None = None) -> list[bool]:
     """The guards a captured function keeps.
 
     torch's default for ahead-of-time compiles drops every guard on a
@@ -268,22 +323,55 @@ def keep_guards(entries: Sequence[Any]) -> list[bool]:
     compute with the old value. Kept here: every guard on a local (the
     inputs, the module's parameters and attributes), and every guard on a
     global whose value is a plain constant (numbers, strings, ``None``,
-    tuples of those). Guards that certify objects by identity (functions,
-    modules, classes, ``torch.ops`` namespaces) cannot be saved and are
-    dropped; the traced source files are hashed separately. A capture whose
-    kept guard still cannot be saved fails with :class:`AotUnsupported`, and
-    the model runs through Dynamo."""
+    tuples of those). Dropped, since they cannot be saved: guards that
+    certify objects by identity (functions, modules, classes, ``torch.ops``
+    namespaces), and guards on an object of a class defined in a local
+    scope or reached through such a class (``type(m).forward``'s closure):
+    such an object is saved as a plain ``nn.Module`` or not at all. Hugging
+    Face models hold them (the ``kernels`` package wraps functions in local
+    ``Func`` modules). The traced source files are hashed separately, and
+    the launch key holds the model's class and parameters. ``scope`` (see
+    :func:`frame_scope`) is what the guards' sources are read in; without
+    it, guards reached through a class are kept. A capture whose kept guard
+    still cannot be saved fails with :class:`AotUnsupported`, and the model
+    runs through Dynamo."""
     from torch._dynamo.guards import CheckFunctionManager
 
     unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    cache: dict[Any, Any] = {}
+
+    def through_local_class(e: Any) -> bool:
+        if e.has_value and _local_class(type(e.value)):
+            return True
+        if scope is None:
+            return False
+        from torch._dynamo.guards import _get_closure_vars
+        from torch._dynamo.source import TypeSource
+        from torch._guards import ChainedSource
+
+        src = getattr(e.orig_guard, "originating_source", None)
+        while isinstance(src, ChainedSource):
+            if isinstance(src, TypeSource):
+                try:
+                    value = src.base.get_value(scope, _get_closure_vars(), cache)
+                except Exception:
+                    return False
+                if _local_class(type(value)):
+                    return True
+            src = src.base
+        return False
 
     def keep(e: Any) -> bool:
         types = {e.guard_type, *getattr(e, "derived_guard_types", ())}
-        if types & unsupported:
+        if types & unsupported or through_local_class(e):
             return False
         return not e.is_global or (e.has_value and _plain_constant(e.value))
 
     return [keep(e) for e in entries]
+
+
+def _local_class(t: type) -> bool:
+    return t.__qualname__ != t.__name__ and "<locals>" in t.__qualname__
 
 
 def _plain_constant(v: object, depth: int = 0) -> bool:

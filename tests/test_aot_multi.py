@@ -1,0 +1,152 @@
+"""Ahead-of-time warm start of a model whose calls need several Dynamo
+graphs (a prefill and a decode step with a growing cache, as in
+``generate``): every graph is captured on the cold start, a fresh process
+loads them all and Dynamo traces nothing. The model is compiled the way
+Hugging Face models are (``model.forward = fxpiece.compile(model.forward)``)
+and holds a module of a class defined in a local scope."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import PyRunner
+
+import fxpiece
+from fxpiece.api import UnpickledCompiledModel
+from fxpiece.errors import NotRunnableError
+
+MODEL = """
+import torch
+from fxpiece.toy_llama import attention
+
+
+def _local_module():
+    class Scale(torch.nn.Module):  # a local class, as the `kernels` package makes
+        def forward(self, x):
+            return x * 2.0
+
+    return Scale()
+
+
+class Cache:
+    \"\"\"A KV-cache-like object: the tensor it holds grows by a token a step.\"\"\"
+
+    def __init__(self):
+        self.k = None
+
+
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.a = torch.nn.Linear(32, 96)
+        self.b = torch.nn.Linear(32, 32)
+        self.scale = _local_module()
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+
+    def forward(self, x, cache):
+        q, k, v = self.a(x).view(-1, 3, 2, 16).unbind(1)
+        h = attention(q.contiguous(), k.contiguous(), v.contiguous()).reshape(-1, 32)
+        if cache.k is None:
+            cache.k = h
+        else:
+            h = h + cache.k.mean(0)
+            cache.k = torch.cat([cache.k, h])
+        return self.scale(self.b(h))
+"""
+
+SNIPPET = """
+import json, sys, torch
+spec = json.loads({spec!r})
+sys.path.insert(0, spec["dir"])
+import fxpiece, multi_model
+from fxpiece.toy_llama import ATTENTION_OP
+
+cfg = fxpiece.CompileConfig(
+    cache_dir=spec["root"], splitting_ops=[ATTENTION_OP], max_num_tokens=16, compile_sizes=[1],
+)
+m = multi_model.M().eval()
+x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
+steps = [x[:5], x[5:6], x[6:7], x[7:8]]  # a prefill, then decode steps on a longer cache
+with torch.no_grad():
+    ref_cache = multi_model.Cache()
+    refs = [m(s, ref_cache) for s in steps]
+cm = fxpiece.compile(m.forward, cfg, dynamic_arg_dims={{0: 0}}, varying_dims={{1: 0}})
+m.forward = cm
+cache = multi_model.Cache()
+outs, held_marked = [], []
+with torch.no_grad():
+    for s in steps:
+        held = cache.k
+        outs.append(m(s, cache))
+        if held is not None:  # the caller's cache tensor is left unmarked
+            held_marked.append(hasattr(held, "_dynamo_dynamic_indices"))
+torch.save(outs, spec["out"])
+c = cm.stats.counters.snapshot()
+report({{
+    "path": cm.start.path,
+    "why": cm.start.why_not_aot,
+    "counters": {{k: v for k, v in c.items() if v}},
+    "dynamo_frames": int(torch._dynamo.utils.counters["frames"]["ok"]),
+    "close": all(torch.allclose(o, r, atol=1e-5, rtol=1e-4) for o, r in zip(outs, refs)),
+    "held_marked": held_marked,
+    "token_sizes": sorted({{s for g in cm.stats.graphs for r in g.runners for s in r.chosen}}),
+}})
+"""
+
+
+def _run(run_py: PyRunner, proj: Path, root: Path, out: Path) -> dict[str, Any]:
+    spec = {"dir": str(proj), "root": str(root), "out": str(out)}
+    result: dict[str, Any] = run_py(SNIPPET.format(spec=json.dumps(spec)))
+    assert result["close"], result
+    return result
+
+
+@pytest.mark.slow
+def test_every_graph_is_captured_and_a_warm_start_traces_none(
+    run_py: PyRunner, tmp_path: Path
+) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "multi_model.py").write_text(MODEL)
+    root = tmp_path / "cache"
+
+    cold = _run(run_py, proj, root, tmp_path / "cold.pt")
+    # The prefill and the decode step are two graphs, each captured once: the
+    # cache's length is marked dynamic (varying_dims), so a longer cache is
+    # served by the same entry, and nothing falls back to Dynamo.
+    assert cold["path"] == "aot-capture", cold
+    assert cold["counters"]["num_aot_saves"] == 2, cold
+    assert "num_aot_fallbacks" not in cold["counters"], cold
+    # Pieces dispatch on the token count (5, then 1), never on the cache length.
+    assert cold["token_sizes"] == [1, 5], cold
+    assert cold["held_marked"] == [False, False, False], cold
+
+    warm = _run(run_py, proj, root, tmp_path / "warm.pt")
+    assert warm["path"] == "aot-load", warm
+    assert warm["counters"]["num_aot_loads"] == 2, warm
+    assert warm["dynamo_frames"] == 0, warm  # Dynamo traced nothing
+    assert "num_inductor_compiles" not in warm["counters"], warm
+    assert "num_aot_fallbacks" not in warm["counters"], warm
+    assert warm["token_sizes"] == [1, 5], warm
+    cold_outs, warm_outs = torch.load(tmp_path / "cold.pt"), torch.load(tmp_path / "warm.pt")
+    for a, b in zip(cold_outs, warm_outs, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_pickled_compiled_model_loads_as_a_stub_that_refuses_to_run() -> None:
+    cm = fxpiece.compile(
+        torch.nn.Linear(4, 4), fxpiece.CompileConfig(compiler="eager", disable_cache=True)
+    )
+    restored = pickle.loads(pickle.dumps(cm))
+    assert isinstance(restored, UnpickledCompiledModel)
+    assert "Linear" in restored.what
+    with pytest.raises(NotRunnableError, match=r"call fxpiece\.compile on the model again"):
+        restored(torch.ones(1, 4))

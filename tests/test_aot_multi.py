@@ -1,9 +1,15 @@
 """Ahead-of-time warm start of a model whose calls need several Dynamo
 graphs (a prefill and a decode step with a growing cache, as in
 ``generate``): every graph is captured on the cold start, a fresh process
-loads them all and Dynamo traces nothing. The model is compiled the way
-Hugging Face models are (``model.forward = fxpiece.compile(model.forward)``)
-and holds a module of a class defined in a local scope."""
+loads them all and Dynamo traces nothing.
+
+The model has what made Hugging Face models uncapturable, each checked to
+fail this test when its fix is taken out: it is compiled as
+``model.forward = fxpiece.compile(model.forward)`` (a bound method, and a
+``CompiledModel`` the guards reach), it holds a module of a class defined in
+a local scope whose ``forward`` is a decorator's closure (guards through
+``type(m)``), and it returns an ``OrderedDict`` built in another module
+(Dynamo's bytecode reads ``collections`` through a per-process global)."""
 
 from __future__ import annotations
 
@@ -20,15 +26,36 @@ import fxpiece
 from fxpiece.api import UnpickledCompiledModel
 from fxpiece.errors import NotRunnableError
 
+PACK = """
+import collections
+
+
+def pack(x):
+    return collections.OrderedDict(out=x)
+"""
+
 MODEL = """
+import functools
+
 import torch
 from fxpiece.toy_llama import attention
+from multi_pack import pack  # returns an OrderedDict: Dynamo's bytecode rebuilds it
 
 
 def _local_module():
-    class Scale(torch.nn.Module):  # a local class, as the `kernels` package makes
+    factor = 2.0
+
+    def wrap(fn):  # a decorator with a closure: Dynamo guards type(m).forward's cells
+        @functools.wraps(fn)
         def forward(self, x):
-            return x * 2.0
+            return fn(self, x) * factor
+
+        return forward
+
+    class Scale(torch.nn.Module):  # a local class, as the `kernels` package makes
+        @wrap
+        def forward(self, x):
+            return x
 
     return Scale()
 
@@ -59,7 +86,7 @@ class M(torch.nn.Module):
         else:
             h = h + cache.k.mean(0)
             cache.k = torch.cat([cache.k, h])
-        return self.scale(self.b(h))
+        return pack(self.scale(self.b(h)))
 """
 
 SNIPPET = """
@@ -77,7 +104,7 @@ x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
 steps = [x[:5], x[5:6], x[6:7], x[7:8]]  # a prefill, then decode steps on a longer cache
 with torch.no_grad():
     ref_cache = multi_model.Cache()
-    refs = [m(s, ref_cache) for s in steps]
+    refs = [m(s, ref_cache)["out"] for s in steps]
 cm = fxpiece.compile(m.forward, cfg, dynamic_arg_dims={{0: 0}}, varying_dims={{1: 0}})
 m.forward = cm
 cache = multi_model.Cache()
@@ -85,7 +112,7 @@ outs, held_marked = [], []
 with torch.no_grad():
     for s in steps:
         held = cache.k
-        outs.append(m(s, cache))
+        outs.append(m(s, cache)["out"])
         if held is not None:  # the caller's cache tensor is left unmarked
             held_marked.append(hasattr(held, "_dynamo_dynamic_indices"))
 torch.save(outs, spec["out"])
@@ -116,6 +143,7 @@ def test_every_graph_is_captured_and_a_warm_start_traces_none(
     proj = tmp_path / "proj"
     proj.mkdir()
     (proj / "multi_model.py").write_text(MODEL)
+    (proj / "multi_pack.py").write_text(PACK)
     root = tmp_path / "cache"
 
     cold = _run(run_py, proj, root, tmp_path / "cold.pt")

@@ -429,12 +429,13 @@ class AotStart:
         first whose guards accept it), ``(False, None)`` if none does."""
         if not self._fns or torch.is_grad_enabled() != self._grad:
             return False, None
-        lead = self._lead
-        fns = self._fns
+        lead, fns, last = self._lead, self._fns, self._last
         # The entry that served the last call first: decode steps repeat it.
-        for i in (self._last, *range(len(fns))):
-            fn = fns[i]
-            if aot.check_guards(fn, *lead, *args, **kwargs):
+        fn = fns[last]
+        if aot.check_guards(fn, *lead, *args, **kwargs):
+            return True, fn(*lead, *args, **kwargs)
+        for i, fn in enumerate(fns):
+            if i != last and aot.check_guards(fn, *lead, *args, **kwargs):
                 self._last = i
                 return True, fn(*lead, *args, **kwargs)
         return False, None

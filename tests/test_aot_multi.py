@@ -84,17 +84,24 @@ class M(torch.nn.Module):
         if cache.k is None:
             cache.k = h
         else:
+            DECODE_BREAK
             h = h + cache.k.mean(0)
             cache.k = torch.cat([cache.k, h])
         return pack(self.scale(self.b(h)))
 """
 
 SNIPPET = """
-import json, sys, torch
+import json, logging, sys, torch
 spec = json.loads({spec!r})
 sys.path.insert(0, spec["dir"])
 import fxpiece, multi_model
 from fxpiece.toy_llama import ATTENTION_OP
+
+logs = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        logs.append(record.getMessage())
+logging.getLogger("fxpiece").addHandler(Keep())
 
 cfg = fxpiece.CompileConfig(
     cache_dir=spec["root"], splitting_ops=[ATTENTION_OP], max_num_tokens=16, compile_sizes=[1],
@@ -125,8 +132,18 @@ report({{
     "close": all(torch.allclose(o, r, atol=1e-5, rtol=1e-4) for o, r in zip(outs, refs)),
     "held_marked": held_marked,
     "token_sizes": sorted({{s for g in cm.stats.graphs for r in g.runners for s in r.chosen}}),
+    "logs": logs,
 }})
 """
+
+
+def _project(tmp: Path, decode_break: bool = False) -> Path:
+    proj = tmp / "proj"
+    proj.mkdir()
+    brk = "torch._dynamo.graph_break()" if decode_break else "pass"
+    (proj / "multi_model.py").write_text(MODEL.replace("DECODE_BREAK", brk))
+    (proj / "multi_pack.py").write_text(PACK)
+    return proj
 
 
 def _run(run_py: PyRunner, proj: Path, root: Path, out: Path) -> dict[str, Any]:
@@ -140,11 +157,7 @@ def _run(run_py: PyRunner, proj: Path, root: Path, out: Path) -> dict[str, Any]:
 def test_every_graph_is_captured_and_a_warm_start_traces_none(
     run_py: PyRunner, tmp_path: Path
 ) -> None:
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    (proj / "multi_model.py").write_text(MODEL)
-    (proj / "multi_pack.py").write_text(PACK)
-    root = tmp_path / "cache"
+    proj, root = _project(tmp_path), tmp_path / "cache"
 
     cold = _run(run_py, proj, root, tmp_path / "cold.pt")
     # The prefill and the decode step are two graphs, each captured once: the
@@ -167,6 +180,30 @@ def test_every_graph_is_captured_and_a_warm_start_traces_none(
     cold_outs, warm_outs = torch.load(tmp_path / "cold.pt"), torch.load(tmp_path / "warm.pt")
     for a, b in zip(cold_outs, warm_outs, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_a_later_call_that_cannot_be_captured_is_traced_and_recorded(
+    run_py: PyRunner, tmp_path: Path
+) -> None:
+    proj, root = _project(tmp_path, decode_break=True), tmp_path / "cache"
+    cold = _run(run_py, proj, root, tmp_path / "cold.pt")
+    # The prefill is captured; the decode step breaks the graph, so it cannot
+    # be: one warning, recorded, and the three decode calls go through Dynamo.
+    assert cold["path"] == "aot-capture" and cold["counters"]["num_aot_saves"] == 1, cold
+    assert cold["counters"]["num_aot_fallbacks"] == 3, cold
+    said = [m for m in cold["logs"] if "later call" in m]
+    assert len(said) == 1 and "graph break" in said[0], cold["logs"]
+
+    warm = _run(run_py, proj, root, tmp_path / "warm.pt")
+    # The prefill's entry loads; the record stops a second capture attempt.
+    assert warm["path"] == "aot-load" and warm["counters"]["num_aot_loads"] == 1, warm
+    assert "num_aot_saves" not in warm["counters"], warm
+    assert warm["counters"]["num_aot_fallbacks"] == 3, warm
+    assert not [m for m in warm["logs"] if "later call" in m], warm["logs"]
+    # What compiles again is only what Inductor could not save (said per piece).
+    unsaved = [m for m in warm["logs"] if "cannot be saved" in m]
+    assert warm["counters"].get("num_inductor_compiles", 0) == len(unsaved), warm
 
 
 def test_a_pickled_compiled_model_loads_as_a_stub_that_refuses_to_run() -> None:

@@ -393,6 +393,7 @@ class AotStart:
         all; a later one: calls no entry serves are traced by Dynamo)."""
         if n == 0:
             self._log_unsupported(reason, recorded=False)
+            self.backend.count("num_aot_fallbacks")  # later calls: counted by fallback()
         else:
             _log.warning(
                 "fxpiece: a later call to %r cannot be captured ahead of time (%s); "
@@ -402,7 +403,6 @@ class AotStart:
                 len(self._fns),
             )
         self._recorded_unsupported = True
-        self.backend.count("num_aot_fallbacks")
         self._record(mc, n, {"unsupported": reason})
         return None, reason
 

@@ -18,7 +18,7 @@ each decode step on 1 token (the ``[1, 1]`` entry), whatever the KV cache
 length; the printed ``dispatch`` shows which entry served each token count.
 Each of ``generate``'s three Dynamo graphs is captured ahead of time on the
 first run, so the second traces nothing (``start``: ``aot-load``,
-``aot_loads``: 3).
+``aot_loads``: 3), whatever its ``--prompt-len``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import fxpiece
+
+MAX_TOKENS = 8
+"""The largest prompt (and the compiled range's end)."""
 
 
 def _dispatch(compiled: fxpiece.CompiledModel) -> dict[str, list[str]]:
@@ -63,12 +66,20 @@ def main() -> int:
     p.add_argument("--cache", help="fxpiece cache root (required for --backend fxpiece)")
     p.add_argument("--new-tokens", type=int, default=5)
     p.add_argument(
+        "--prompt-len",
+        type=int,
+        default=7,
+        help=f"prompt tokens, 1 to {MAX_TOKENS}: any length is served by the same graphs",
+    )
+    p.add_argument(
         "--backend",
         choices=["fxpiece", "stock"],
         default="fxpiece",
         help="stock: torch.compile(backend='inductor') instead, for comparison",
     )
     a = p.parse_args()
+    if not 1 <= a.prompt_len <= MAX_TOKENS:
+        p.error(f"--prompt-len must be 1 to {MAX_TOKENS}")
     if a.backend == "fxpiece" and not a.cache:
         p.error("--cache is required with --backend fxpiece")
     torch.manual_seed(0)
@@ -83,7 +94,7 @@ def main() -> int:
         attn_implementation="sdpa",
     )
     model = LlamaForCausalLM(cfg).eval()
-    ids = torch.randint(0, cfg.vocab_size, (1, 7))
+    ids = torch.randint(0, cfg.vocab_size, (1, a.prompt_len))
     with torch.no_grad():
         eager = model.generate(ids, max_new_tokens=a.new_tokens, do_sample=False)
     t_setup = time.perf_counter()
@@ -97,7 +108,7 @@ def main() -> int:
     else:
         config = fxpiece.CompileConfig(
             splitting_ops=["torch.nn.functional.scaled_dot_product_attention"],
-            max_num_tokens=ids.shape[1] + 1,  # decode KV lengths go past it: not the token count
+            max_num_tokens=MAX_TOKENS,  # decode KV lengths go past it: not the token count
             compile_sizes=[1],
             dynamic="backed",
             cache_dir=a.cache,

@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
 
 EXAMPLE = TESTS_DIR.parent / "examples" / "hf_generate.py"
-PROMPT = 7  # the example's prompt length; max_num_tokens is PROMPT + 1
+PROMPT = 7  # the example's default prompt length; max_num_tokens is 8
 
 
 def _run(*args: str) -> str:
@@ -28,8 +28,10 @@ def _run(*args: str) -> str:
     return proc.stdout
 
 
-def _generate(cache: Path) -> dict[str, object]:
-    out = _run(str(EXAMPLE), "--cache", str(cache), "--new-tokens", "4")
+def _generate(cache: Path, prompt: int = PROMPT) -> dict[str, object]:
+    out = _run(
+        str(EXAMPLE), "--cache", str(cache), "--new-tokens", "4", "--prompt-len", str(prompt)
+    )
     result: dict[str, object] = json.loads(out.strip().splitlines()[-1])
     return result
 
@@ -60,7 +62,7 @@ def test_generate_compiles_unique_pieces_once_dispatches_decode_to_one_token(
     assert len({e["digest"] for e in entries}) < len(entries)  # some piece is shared
     # Prefill runs the range entry for the prompt's length; every decode step
     # (KV cache longer than max_num_tokens) runs the exact entry for 1 token.
-    assert cold["dispatch"] == {"1": ["1"], str(PROMPT): [f"[1,{PROMPT + 1}]"]}, cold
+    assert cold["dispatch"] == {"1": ["1"], str(PROMPT): ["[1,8]"]}, cold
     assert cold["uncompiled_runs"] == 0
     # Each of generate's Dynamo graphs (prefill, first decode, later decode:
     # the KV length is a varying dim, so no graph per length) is captured
@@ -76,3 +78,11 @@ def test_generate_compiles_unique_pieces_once_dispatches_decode_to_one_token(
     assert warm["inductor_compiles"] == 0 and warm["corrupt"] == 0, warm
     assert warm["cache_hits"] == cold["entries_built"], warm
     assert warm["dispatch"] == cold["dispatch"] and warm["uncompiled_runs"] == 0
+
+    # Another prompt length is served by the same three entries: the token
+    # dim is dynamic in the captured prefill, so nothing is traced or built.
+    other = _generate(cache, prompt=4)
+    assert other["tokens_equal_eager"] is True
+    assert other["start"] == "aot-load" and other["aot_loads"] == 3, other
+    assert other["aot_fallbacks"] == 0 and other["inductor_compiles"] == 0, other
+    assert other["dispatch"] == {"1": ["1"], "4": ["[1,8]"]}, other

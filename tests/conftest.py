@@ -117,6 +117,20 @@ def snapshot_files(root: Path) -> list[str]:
 # -- shared with subprocesses (they import this module as ``conftest``) --------
 
 
+def keep_logs(name: str = "fxpiece") -> list[str]:
+    """The messages logger ``name`` emits from now on (a list that grows)."""
+    import logging
+
+    kept: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            kept.append(record.getMessage())
+
+    logging.getLogger(name).addHandler(Keep())
+    return kept
+
+
 def token_ids(n: int, vocab: int = 512) -> torch.Tensor:
     """Deterministic token ids ``[n]``."""
     return (torch.arange(n, dtype=torch.long) * 37 + 11) % vocab

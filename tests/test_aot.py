@@ -36,17 +36,14 @@ class M(torch.nn.Module):
 """
 
 SNIPPET = """
-import json, logging, sys, torch
+import json, sys, torch
 spec = json.loads({spec!r})
 sys.path.insert(0, spec["dir"])
 import fxpiece, aot_model
 from fxpiece.toy_llama import ATTENTION_OP
+from conftest import keep_logs
 
-logs = []
-class Keep(logging.Handler):
-    def emit(self, record):
-        logs.append(record.getMessage())
-logging.getLogger("fxpiece").addHandler(Keep())
+logs = keep_logs()
 
 # Probes: fake runs of the split module, and whether each graph handed to
 # Inductor carries every node's recorded value (the whole graph, not the

@@ -91,17 +91,14 @@ class M(torch.nn.Module):
 """
 
 SNIPPET = """
-import json, logging, sys, torch
+import json, sys, torch
 spec = json.loads({spec!r})
 sys.path.insert(0, spec["dir"])
 import fxpiece, multi_model
 from fxpiece.toy_llama import ATTENTION_OP
+from conftest import keep_logs
 
-logs = []
-class Keep(logging.Handler):
-    def emit(self, record):
-        logs.append(record.getMessage())
-logging.getLogger("fxpiece").addHandler(Keep())
+logs = keep_logs()
 
 cfg = fxpiece.CompileConfig(
     cache_dir=spec["root"], splitting_ops=[ATTENTION_OP], max_num_tokens=16, compile_sizes=[1],

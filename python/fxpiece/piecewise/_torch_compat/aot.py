@@ -335,7 +335,9 @@ def keep_guards(entries: Sequence[Any], scope: dict[str, Any] | None = None) -> 
     it, guards reached through a class are kept. A capture whose kept guard
     still cannot be saved fails with :class:`AotUnsupported`, and the model
     runs through Dynamo."""
-    from torch._dynamo.guards import CheckFunctionManager
+    from torch._dynamo.guards import CheckFunctionManager, _get_closure_vars
+    from torch._dynamo.source import TypeSource
+    from torch._guards import ChainedSource
 
     unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
     cache: dict[Any, Any] = {}
@@ -345,10 +347,6 @@ def keep_guards(entries: Sequence[Any], scope: dict[str, Any] | None = None) -> 
             return True
         if scope is None:
             return False
-        from torch._dynamo.guards import _get_closure_vars
-        from torch._dynamo.source import TypeSource
-        from torch._guards import ChainedSource
-
         src = getattr(e.orig_guard, "originating_source", None)
         while isinstance(src, ChainedSource):
             if isinstance(src, TypeSource):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +179,15 @@ def test_every_graph_is_captured_and_a_warm_start_traces_none(
     cold_outs, warm_outs = torch.load(tmp_path / "cold.pt"), torch.load(tmp_path / "warm.pt")
     for a, b in zip(cold_outs, warm_outs, strict=True):
         assert torch.equal(a, b)
+    # `fxpiece cache ls` names the launch folder's entries by captured graph.
+    ls = subprocess.run(
+        [sys.executable, "-m", "fxpiece", "cache", "ls", str(root)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    [row] = [line for line in ls.splitlines() if ".aot" in line]
+    assert "#0 #1" in row and "aot" in row, ls
 
 
 @pytest.mark.slow

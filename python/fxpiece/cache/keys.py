@@ -28,6 +28,7 @@ from typing import Any
 from fxpiece.hashing import hash_factors
 
 __all__ = [
+    "AOT",
     "AOT_KEY",
     "AOT_TAG_SUFFIX",
     "GROUPS",
@@ -69,10 +70,14 @@ def is_kernels_key(key: IndexKey) -> bool:
     return key[3] == KERNELS
 
 
+AOT = "aot"
+"""The compiler field of the index keys that hold ahead-of-time entries."""
+
+
 def aot_key(n: int) -> IndexKey:
     """Where a launch folder's index keeps its ``n``-th ahead-of-time entry
     (:mod:`fxpiece.piecewise.aot_start`): one per Dynamo graph captured."""
-    return (n, 0, -2, "aot")
+    return (n, 0, -2, AOT)
 
 
 AOT_KEY: IndexKey = aot_key(0)

@@ -27,7 +27,7 @@ from fxpiece.cache.admin.scan import (
     model_key,
     scan_cache,
 )
-from fxpiece.cache.keys import IndexKey, is_kernels_key
+from fxpiece.cache.keys import AOT, IndexKey, is_kernels_key
 from fxpiece.cache.layout import CacheLayout
 
 __all__ = ["CacheListing", "EntryInfo", "ModelInfo", "list_cache"]
@@ -49,6 +49,10 @@ class EntryInfo:
 
     @property
     def range(self) -> str:
+        """``[start,end]``; for an ahead-of-time entry, which captured graph
+        it is (``#0``, ``#1``...)."""
+        if self.compiler == AOT:
+            return f"#{self.start}"
         return f"[{self.start},{self.end}]"
 
     def as_dict(self) -> dict[str, Any]:
@@ -90,7 +94,8 @@ class ModelInfo:
 
     @property
     def ranges(self) -> tuple[str, ...]:
-        return tuple(f"[{s},{e}]" for s, e in sorted({(e.start, e.end) for e in self.entries}))
+        ordered = sorted(self.entries, key=lambda e: (e.start, e.end))
+        return tuple(dict.fromkeys(e.range for e in ordered))
 
     @property
     def compilers(self) -> tuple[str, ...]:

@@ -67,3 +67,14 @@ def test_a_missing_dim_of_a_tensor_argument_is_a_config_error() -> None:
     cm = _compiled(varying_dims={0: 3})
     with pytest.raises(ConfigError, match=r"varying_dims.*dim 3 does not exist"):
         cm(torch.randn(2, 16), _cache(3))
+
+
+def test_a_capture_leaves_the_callers_held_tensors_as_they_were() -> None:
+    cm = _compiled(varying_dims={1: 0})
+    shared = torch.ones(3, 16)
+    shared.note = "mine"  # type: ignore[attr-defined]
+    cache = Cache()
+    cache.layers = [{"k": shared}, {"k": shared}]  # one tensor held twice
+    with cm._marked_for_capture((torch.ones(1, 16), cache), {}):
+        assert shared._has_dynamo_dim_marking  # type: ignore[attr-defined]
+    assert vars(shared) == {"note": "mine"}

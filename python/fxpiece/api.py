@@ -64,7 +64,9 @@ class CompiledModel:
         try:
             yield self._mark(args, kwargs, inplace=False, touched=touched)
         finally:
-            for t, attrs in touched:
+            # Newest first: a tensor held twice was recorded twice, the second
+            # time already marked; its first record is the caller's state.
+            for t, attrs in reversed(touched):
                 t.__dict__.clear()
                 t.__dict__.update(attrs)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gzip
 import io
 import lzma
 import os
@@ -21,9 +22,13 @@ from typing import IO, Any
 
 from fxpiece.cache.admin.manifest import (
     MANIFEST,
+    ArchiveTarInfo,
+    UnsafeHeader,
     archive_tops,
+    is_sparse,
     make_manifest,
     member_info,
+    member_limit,
     read_manifest,
     refuse,
     unpack_dir_ok,
@@ -228,32 +233,148 @@ def pack_cache(
 
 # -- unpack -----------------------------------------------------------------------
 
+CHUNK = 1 << 20
+"""Bytes read from the archive and written to the staging folder at a time."""
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _why(e: BaseException) -> str:
+    return str(e).splitlines()[0].rstrip(":") if str(e) else type(e).__name__
+
+
+_UNREADABLE = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile)
+"""What reading a broken or truncated archive raises."""
+
+
+def _not_a_file(m: tarfile.TarInfo) -> str | None:
+    """Why the member ``m`` is not a regular file we unpack, or ``None``."""
+    if is_sparse(m):
+        return "is a sparse file"
+    if m.islnk():
+        return f"is a hard link (to {m.linkname!r:.200})"
+    if m.issym():
+        return f"is a symbolic link (to {m.linkname!r:.200})"
+    if m.ischr() or m.isblk():
+        return "is a device"
+    if m.isfifo():
+        return "is a FIFO"
+    if not m.isreg():
+        return "is a folder or special file"
+    return None
+
 
 def _check_members(
     tar: tarfile.TarFile, arc: Path, files: dict[str, dict[str, Any]]
 ) -> list[tarfile.TarInfo]:
-    """The file members, each checked against the manifest; every listed
-    file must be there exactly once."""
+    """The file members, each checked against the manifest, headers only
+    (nothing is extracted); every listed file must be there exactly once,
+    and no more members than :func:`member_limit` are even read."""
+    limit = member_limit(files)
     out: dict[str, tarfile.TarInfo] = {}
-    for m in tar.getmembers():
-        if m.name == MANIFEST or (m.isdir() and unpack_dir_ok(m.name)):
+    manifests = 0
+    for i, m in enumerate(tar):
+        if i >= limit:
+            raise refuse(
+                arc,
+                f"more than {limit} members (a manifest of {len(files)} files and their "
+                f"folders); refused at {m.name!r:.200}",
+                m.name,
+            )
+        if m.name == MANIFEST:
+            manifests += 1
+            if manifests > 1:
+                raise refuse(arc, f"{MANIFEST!r} appears twice", m.name)
+            continue
+        if m.isdir() and unpack_dir_ok(m.name):
             continue
         if not unpack_path_ok(m.name):
-            raise refuse(arc, f"unsafe member path {m.name!r:.200}")
-        if not m.isreg():
-            raise refuse(arc, f"{m.name!r} is a link or special file")
+            raise refuse(arc, f"unsafe member path {m.name!r:.200}", m.name)
+        why = _not_a_file(m)
+        if why is not None:
+            raise refuse(arc, f"{m.name!r} {why}", m.name)
         if m.name in out:
-            raise refuse(arc, f"{m.name!r} appears twice")
+            raise refuse(arc, f"{m.name!r} appears twice", m.name)
         want = files.get(m.name)
         if want is None:
-            raise refuse(arc, f"{m.name!r} is not in the manifest")
+            raise refuse(arc, f"{m.name!r} is not in the manifest", m.name)
         if want["size"] != m.size:
-            raise refuse(arc, f"{m.name!r} is {m.size} bytes, the manifest says {want['size']}")
+            raise refuse(
+                arc, f"{m.name!r} is {m.size} bytes, the manifest says {want['size']}", m.name
+            )
         out[m.name] = m
     missing = sorted(set(files) - set(out))
     if missing:
-        raise refuse(arc, f"{len(missing)} manifest files are missing, e.g. {missing[0]!r}")
+        raise refuse(
+            arc, f"{len(missing)} manifest files are missing, e.g. {missing[0]!r}", missing[0]
+        )
     return list(out.values())
+
+
+def _disk_full(e: OSError, root: Path, arc: Path, member: str | None) -> CacheError:
+    what = f"unpacking {member!r} from {arc}" if member else f"unpacking {arc}"
+    return CacheError(
+        e.errno,
+        f"{root}: {os.strerror(e.errno or errno.ENOSPC)} while {what}; nothing was written",
+        str(root),
+    )
+
+
+def _check_space(root: Path, arc: Path, sizes: Iterable[int]) -> None:
+    """Refuse up front if the files cannot fit on the file system of
+    ``root`` (when it reports its size); a disk filled meanwhile is still
+    caught while writing."""
+    probe = root
+    while lstat(probe) is None and probe != probe.parent:
+        probe = probe.parent
+    try:
+        st = os.statvfs(probe)
+    except OSError:
+        return
+    if st.f_blocks == 0 or st.f_frsize == 0:
+        return
+    need = sum(-(-size // st.f_frsize) * st.f_frsize for size in sizes)
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        raise CacheError(
+            errno.ENOSPC,
+            f"{root}: {arc} unpacks to {need} bytes, only {free} are free there; "
+            "nothing was written",
+            str(root),
+        )
+
+
+def _copy_member(
+    tar: tarfile.TarFile, arc: Path, m: tarfile.TarInfo, tmp: Path, want: int, budget: int
+) -> int:
+    """Stream ``m`` into the new file ``tmp``, at most ``want`` bytes (its
+    manifest size) and ``budget`` (what is left of the manifest's total);
+    the bytes written."""
+    try:
+        src = tar.extractfile(m)
+        if src is None:
+            raise refuse(arc, f"cannot read {m.name!r}", m.name)
+        n = 0
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+        with src, os.fdopen(fd, "wb") as dst:
+            while chunk := src.read(CHUNK):
+                n += len(chunk)
+                if n > min(want, budget):
+                    raise refuse(
+                        arc,
+                        f"{m.name!r} holds more than the {min(want, budget)} bytes its "
+                        "manifest entry allows",
+                        m.name,
+                    )
+                dst.write(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+    except _UNREADABLE as e:
+        raise refuse(arc, f"cannot read {m.name!r} ({_why(e)})", m.name) from None
+    if n != want:
+        raise refuse(arc, f"{m.name!r} holds {n} bytes, the manifest says {want}", m.name)
+    return n
 
 
 def _stage(
@@ -263,24 +384,24 @@ def _stage(
     staging: Path,
     files: dict[str, dict[str, Any]],
 ) -> list[tuple[str, Path]]:
-    """Extract every member into ``staging`` and check it against the manifest."""
+    """Stream every member into ``staging`` within the manifest's sizes,
+    then check it against the manifest's BLAKE3."""
+    budget = sum(int(files[m.name]["size"]) for m in members)
     staged: list[tuple[str, Path]] = []
     for i, m in enumerate(members):
-        src = tar.extractfile(m)
-        if src is None:
-            raise refuse(arc, f"cannot read {m.name!r}")
         tmp = staging / f"{i:08d}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-            dst.flush()
-            os.fsync(dst.fileno())
+        try:
+            budget -= _copy_member(tar, arc, m, tmp, int(files[m.name]["size"]), budget)
+        except OSError as e:
+            if e.errno in _DISK_FULL and not isinstance(e, CacheError):
+                raise _disk_full(e, staging.parent, arc, m.name) from None
+            raise
         staged.append((m.name, tmp))
     got = {f.path: f for f in hash_files_report([str(t) for _, t in staged]).files}
     for name, tmp in staged:
         f = got.get(str(tmp))
         if f is None or f.digest != files[name]["blake3"] or f.size != files[name]["size"]:
-            raise refuse(arc, f"{name!r} does not match its checksum in the manifest")
+            raise refuse(arc, f"{name!r} does not match its checksum in the manifest", name)
     return staged
 
 
@@ -296,21 +417,45 @@ def _current_digests(root: Path, names: Sequence[str]) -> dict[str, str | None]:
     return {n: by_path.get(str(root / n)) for n in present}
 
 
+def _missing_folders(root: Path) -> list[Path]:
+    """``root`` and its ancestors that do not exist yet, deepest first."""
+    out = []
+    p = root
+    while lstat(p) is None and p != p.parent:
+        out.append(p)
+        p = p.parent
+    return out
+
+
 def _unpack(tar: tarfile.TarFile, arc: Path, root_p: Path) -> UnpackResult:
     files = read_manifest(tar, arc)
     members = _check_members(tar, arc, files)
-    root_p.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if root_p.is_symlink():
-        root_p = root_p.resolve()
-    staging = root_p / f".unpack-{os.getpid()}-{secrets.token_hex(6)}"
-    os.mkdir(staging, 0o700)
+    _check_space(root_p, arc, (int(files[m.name]["size"]) for m in members))
+    made = _missing_folders(root_p)
+    done = False
     try:
-        staged = _stage(tar, arc, members, staging, files)
-        current = _current_digests(root_p, [n for n, _ in staged])
-        todo = [(n, t) for n, t in staged if current.get(n) != files[n]["blake3"]]
-        move_all(root_p, todo, staging)
+        root_p.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if root_p.is_symlink():
+            root_p = root_p.resolve()
+        staging = root_p / f".unpack-{os.getpid()}-{secrets.token_hex(6)}"
+        os.mkdir(staging, 0o700)
+        try:
+            staged = _stage(tar, arc, members, staging, files)
+            current = _current_digests(root_p, [n for n, _ in staged])
+            todo = [(n, t) for n, t in staged if current.get(n) != files[n]["blake3"]]
+            move_all(root_p, todo, staging)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        done = True
+    except OSError as e:
+        if e.errno in _DISK_FULL and not isinstance(e, CacheError):
+            raise _disk_full(e, root_p, arc, None) from None
+        raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if not done:
+            for d in made:  # the root and parents this call created, if still empty
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)
     return UnpackResult(
         root=root_p,
         written=len(todo),
@@ -322,23 +467,31 @@ def _unpack(tar: tarfile.TarFile, arc: Path, root_p: Path) -> UnpackResult:
 def unpack_cache(archive: str | os.PathLike[str], root: str | os.PathLike[str]) -> UnpackResult:
     """Unpack an archive made by :func:`pack_cache` into the cache ``root``.
 
-    Every member is checked before anything is written: it must be a regular
-    file (no links or devices) with a safe relative path under
-    ``artifacts/`` or ``models/`` (no absolute paths, no
-    ``..``), listed in the manifest with its size; a refused archive raises
-    :class:`ArchiveError`. The files are then extracted into a private
-    staging folder inside ``root`` and their BLAKE3 checked against the
-    manifest; only if all match, and every destination can take its file
-    (no folder, symlink or device in the way), are they renamed into place;
-    a failure midway puts back what was moved. No half-written file is ever
-    visible. Folders are created 0700, files 0600.
+    Every member header is checked before anything is written: it must be a
+    regular file (no hard or symbolic links, devices, FIFOs or sparse files
+    of any tar sparse format) with a safe relative path under
+    ``artifacts/`` or ``models/`` (no absolute paths, no ``..``), listed in
+    the manifest with the same size; the archive may hold no more members
+    than the manifest's files and their folders, and the manifest's total
+    must fit in the free space of ``root``'s file system. A refused archive
+    raises :class:`ArchiveError` naming the archive and the member
+    (``.member``). The files are then streamed, never more bytes than the
+    manifest says, into a private staging folder inside ``root`` and their
+    BLAKE3 checked against the manifest; only if all match, and every
+    destination can take its file (no folder, symlink or device in the
+    way), are they renamed into place; a failure midway puts back what was
+    moved. A full disk raises :class:`CacheError` naming ``root``. On any
+    failure the staging folder, and the folders this call created for
+    ``root``, are removed. No half-written file is ever visible. Folders
+    are created 0700, files 0600.
     """
     arc = Path(archive)
     if not arc.is_file():
         raise CacheError(errno.ENOENT, f"no archive at {arc}", str(arc))
     try:
-        with tarfile.open(arc, mode="r:*") as tar:
+        with tarfile.open(arc, mode="r:*", tarinfo=ArchiveTarInfo) as tar:
             return _unpack(tar, arc, Path(root))
-    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as e:
-        why = str(e).splitlines()[0].rstrip(":") if str(e) else type(e).__name__
-        raise refuse(arc, f"not a readable tar archive ({why})") from None
+    except UnsafeHeader as e:
+        raise refuse(arc, e.why, e.member) from None
+    except _UNREADABLE as e:
+        raise refuse(arc, f"not a readable tar archive ({_why(e)})") from None

@@ -97,6 +97,29 @@ class PyRunner:
         return json.loads(lines[-1][len(RESULT_MARK) :])
 
 
+NOBODY = 65534
+"""The uid and gid another user acts as in attack tests (``setpriv``)."""
+
+
+def as_nobody(code: str) -> None:
+    """Run ``code`` (Python) as uid/gid 65534."""
+    subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={NOBODY}",
+            f"--regid={NOBODY}",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            code,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.fixture(scope="session")
 def run_py() -> PyRunner:
     return PyRunner()

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import PyRunner, run_toy_subprocess
+from conftest import NOBODY, PyRunner, as_nobody, run_toy_subprocess
 
 from fxpiece.cache.index import CacheIndex
 from fxpiece.cache.keys import is_kernels_key
@@ -28,8 +28,6 @@ from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.store import ArtifactStore, encode_artifact
 from fxpiece.piecewise.kernels import KernelDir
 from fxpiece.toy_llama import ATTENTION_OP
-
-NOBODY = 65534
 
 pytestmark = pytest.mark.skipif(
     os.getuid() != 0 or shutil.which("setpriv") is None,
@@ -49,25 +47,6 @@ def spec(cache: Path, out: Path | None = None, **config: Any) -> dict[str, Any]:
         "sizes": [5],
         "out": str(out) if out else None,
     }
-
-
-def as_nobody(code: str) -> None:
-    """Run ``code`` (Python) as uid/gid 65534."""
-    subprocess.run(
-        [
-            "setpriv",
-            f"--reuid={NOBODY}",
-            f"--regid={NOBODY}",
-            "--clear-groups",
-            sys.executable,
-            "-c",
-            code,
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 WARM = """

@@ -37,7 +37,10 @@ class CompiledModel:
         self.backend = backend
         self.dynamic_arg_dims = dynamic_arg_dims
         self.varying_dims = varying_dims
-        self._compiled = torch.compile(model, backend=backend, fullgraph=False)
+        # torch.compile reads Inductor's folder (its bisector can swap the
+        # backend): the backend's private one, never the global default.
+        with backend.inductor_dirs.active():
+            self._compiled = torch.compile(model, backend=backend, fullgraph=False)
         self._aot: AotStart | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:

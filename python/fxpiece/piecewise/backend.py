@@ -50,9 +50,10 @@ from fxpiece.piecewise.compilers import make_compiler
 from fxpiece.piecewise.dispatch import PieceRunner, token_symbol
 from fxpiece.piecewise.factors import make_key_factors, saved_key_factors
 from fxpiece.piecewise.interface import CompilerInterface
-from fxpiece.piecewise.kernels import KernelDir
+from fxpiece.piecewise.kernels import HEADERS_SUBDIR, KernelDir
 from fxpiece.piecewise.ops import resolve_splitting_ops
 from fxpiece.piecewise.plan import PieceInputs, PiecePlan, Work, fake_inputs, plan_piece
+from fxpiece.piecewise.private_dirs import headers_dir, untrusted
 from fxpiece.piecewise.split import (
     SplitItem,
     boundary_nodes,
@@ -114,6 +115,7 @@ class Backend:
         self._built_for: dict[str, Path | None] = {}
         """The model folder each digest in :attr:`_built` was first built for."""
         self._kernels: KernelDir | None = None
+        self._inductor_dirs: _torch_compat.InductorDirs | None = None
         self._unpacked: set[str] = set()
         """Digests of the kernel bundles unpacked into :attr:`kernel_dir`."""
         self._tags_seen: set[str] = set()
@@ -123,11 +125,36 @@ class Backend:
         """A slot is held for the compile under way (taken before its lease)."""
         if self.config.use_inductor_graph_partition:
             self._inductor_options.update(self._partition_options())
+        if not self.config.allow_untrusted_cache:
+            self._check_inductor_default()
         if self.config.allow_untrusted_cache and self.cache_enabled():
             _log.warning(
                 "fxpiece: allow_untrusted_cache is set: code is loaded from cache folders "
                 "and files that other users own or can write"
             )
+
+    def _check_inductor_default(self) -> None:
+        """``torch.compile`` reads Inductor's default folder before any backend
+        runs (the compiler bisector's status file, whose ``backend=`` line
+        replaces the backend given). :func:`fxpiece.compile` calls it with
+        :attr:`inductor_dirs` active, so it reads this backend's private
+        folder; a plain ``torch.compile(backend=Backend(...))`` reads the
+        default one, which fxpiece cannot move: when someone else could write
+        it, say so (naming it, and the backend it would swap in)."""
+        folder = Path(_torch_compat.inductor_default_dir())
+        problem = untrusted(folder)
+        if problem is None:
+            return
+        swap = _torch_compat.bisect_backend_in(str(folder))
+        _log.warning(
+            "fxpiece: %s.%s fxpiece.compile never reads it; a plain torch.compile(backend=...) "
+            "reads its compiler-bisector status before any backend runs: use fxpiece.compile, "
+            "or set TORCHINDUCTOR_CACHE_DIR to a folder of yours",
+            problem.strerror,
+            ""
+            if swap is None
+            else f" It holds a bisector status that swaps the backend for {swap!r}.",
+        )
 
     def _partition_options(self) -> dict[str, Any]:
         if not _torch_compat.graph_partition_supported():
@@ -163,6 +190,24 @@ class Backend:
         if self._kernels is None:
             self._kernels = KernelDir(self.compiler.inductor_cache_subdirs)
         return self._kernels
+
+    @property
+    def inductor_dirs(self) -> _torch_compat.InductorDirs:
+        """Every folder Inductor uses while this backend compiles or loads:
+        :attr:`kernel_dir`, and fxpiece's private folder for the precompiled
+        headers Inductor otherwise keeps in a global one
+        (:mod:`fxpiece.piecewise.private_dirs`)."""
+        if self._inductor_dirs is None:
+            kd = self.kernel_dir
+            headers, why = headers_dir(fallback=kd.path / HEADERS_SUBDIR)
+            if why is not None:
+                _log.warning(
+                    "fxpiece: %s; precompiled headers are rebuilt in this backend's "
+                    "own folder meanwhile",
+                    why,
+                )
+            self._inductor_dirs = _torch_compat.InductorDirs(str(kd.path), str(headers))
+        return self._inductor_dirs
 
     def before_build(self, work: Sequence[Work], model_cache: ModelCache | None) -> None:
         """Hook run after planning, before any entry is loaded or compiled
@@ -305,7 +350,7 @@ class Backend:
         ]
         if mc is not None:
             self._restore_kernels(mc)
-        with _torch_compat.inductor_cache_dir(str(self.kernel_dir.path)):
+        with self.inductor_dirs.active():
             work = [w for p in plans for w in p.work]
             self.before_build(work, mc)
             ready = self._take_free_work(work, mc)
@@ -392,7 +437,7 @@ class Backend:
         prior = saved.get("factors") if saved is not None else None
         factors = saved_key_factors(prior, cfg) if isinstance(prior, dict) else None
         if factors is None:
-            with _torch_compat.inductor_cache_dir(str(self.kernel_dir.path)):
+            with self.inductor_dirs.active():
                 factors = make_key_factors(cfg, self.compiler.compute_hash(), gm, fake_args, traced)
         if saved is not None:
             saved["factors"] = factors.as_dict()

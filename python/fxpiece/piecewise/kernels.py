@@ -50,12 +50,16 @@ from pathlib import Path
 from fxpiece.cache.layout import CacheLayout, safe_relpath
 from fxpiece.errors import CorruptArtifactError
 
-__all__ = ["BUNDLE_SKIP", "KernelDir"]
+__all__ = ["BUNDLE_SKIP", "HEADERS_SUBDIR", "KernelDir"]
 
 _MAGIC = b"FXPIECE-KERNELS v1\n"
-BUNDLE_SKIP = frozenset({"locks", "aotautograd", "fxgraph"})
-"""Top folders of Inductor's cache never bundled: locks, and the graph-cache
-entries that every standalone artifact carries itself. A compiler whose
+HEADERS_SUBDIR = "precompiled_headers"
+"""Where a backend keeps Inductor's precompiled headers when fxpiece's
+host-wide private folder is refused (:mod:`fxpiece.piecewise.private_dirs`)."""
+BUNDLE_SKIP = frozenset({"locks", "aotautograd", "fxgraph", HEADERS_SUBDIR})
+"""Top folders of Inductor's cache never bundled: locks, the graph-cache
+entries that every standalone artifact carries itself, and precompiled
+headers (large, and rebuilt from the installed torch). A compiler whose
 handles point into one of them lists it in ``inductor_cache_subdirs``."""
 
 

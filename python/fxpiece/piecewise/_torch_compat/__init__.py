@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx
 
+from fxpiece.cache.safeio import read_regular
 from fxpiece.config import DYNAMIC_MODES
 from fxpiece.piecewise._torch_compat.loading import (
     LoadedArtifact,
@@ -27,18 +30,21 @@ __all__ = [
     "DYNAMIC_MODES",
     "VERIFIED_TORCH",
     "CustomGraphPassBase",
+    "InductorDirs",
     "LoadedArtifact",
+    "bisect_backend_in",
     "compile_standalone",
     "cpp_compiler",
     "cpu_vec_isa",
     "detect_fake_mode",
     "force_disable_caches",
     "freezing_enabled",
+    "global_inductor_paths",
     "graph_partition_supported",
-    "inductor_cache_dir",
     "inductor_compile_threads",
     "inductor_config_patch",
     "inductor_config_portable",
+    "inductor_default_dir",
     "inductor_guards_size_one",
     "inductor_option_names",
     "load_standalone_bytes",
@@ -156,16 +162,56 @@ def detect_fake_mode(inputs: Sequence[Any]) -> Any:
     return detect(list(inputs))
 
 
+def global_inductor_paths() -> dict[str, str]:
+    """Folders this torch release's Inductor uses outside ``TORCHINDUCTOR_CACHE_DIR``
+    on CPU, by what they hold (found by tracing every file a cold and a warm
+    compile open, ``strace -f``, on 2.15.0 and 2.9.1, and every folder created,
+    with an audit hook); :class:`InductorDirs` redirects each of them:
+
+    - ``precompiled_headers``: C++ headers every kernel is compiled with
+      (``-include``), a module constant from the per-user default folder;
+    - ``bisect``: the compiler bisector's status file, which
+      ``torch.compile`` reads *before* any backend runs: a ``backend=`` line
+      replaces the backend given (``TORCHINDUCTOR_CACHE_DIR``, else the
+      per-user default folder).
+
+    Compiler temporaries (gcc's ``cc*.o``, Python's ``tempfile``) are created
+    with ``O_EXCL`` under random names, so they are safe in a shared ``/tmp``."""
+    from torch._inductor import codecache
+
+    return {
+        "precompiled_headers": str(codecache._HEADER_DIR),
+        "bisect": os.path.join(inductor_default_dir(), "bisect"),
+    }
+
+
+def inductor_default_dir() -> str:
+    """The folder Inductor uses outside fxpiece's blocks:
+    ``TORCHINDUCTOR_CACHE_DIR``, else ``<TMPDIR>/torchinductor_<user>``
+    (computed as torch does, without creating it)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir())
+
+
+def bisect_backend_in(folder: str) -> str | None:
+    """The backend a compiler-bisector status file in Inductor's ``folder``
+    would make ``torch.compile`` use instead of the one it is given, if any."""
+    from torch._inductor.compiler_bisector import SUBDIR_NAME
+
+    try:  # no FIFO, device or symlink followed: the folder may be hostile
+        data = read_regular(Path(folder) / SUBDIR_NAME / "bisect_status.txt", 1 << 16)
+        lines = data.decode().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    found = [ln.strip().split("=", 1)[1] for ln in lines if ln.startswith("backend=")]
+    return found[0] if found else None
+
+
 @contextlib.contextmanager
-def inductor_cache_dir(path: str | None) -> Iterator[None]:
-    """Point Inductor's own cache (kernels, ISA checks) at ``path`` for the
-    block (``None``: leave it alone). Inductor reads the variable on every use."""
-    key = "TORCHINDUCTOR_CACHE_DIR"
-    if path is None:
-        yield
-        return
+def _environ(key: str, value: str) -> Iterator[None]:
     old = os.environ.get(key)
-    os.environ[key] = path
+    os.environ[key] = value
     try:
         yield
     finally:
@@ -173,6 +219,42 @@ def inductor_cache_dir(path: str | None) -> Iterator[None]:
             os.environ.pop(key, None)
         else:
             os.environ[key] = old
+
+
+class InductorDirs:
+    """Inductor's folders for one backend: its cache folder (``cache``) and
+    every folder it keeps outside it (:func:`global_inductor_paths`: the
+    precompiled C++ headers, ``headers``), applied for a block by
+    :meth:`active`. Inductor reads ``TORCHINDUCTOR_CACHE_DIR`` on every use;
+    the header folder is a module constant, patched for the block, and
+    ``_precompile_header`` (which memoises the header's path process-wide) is
+    replaced for the block by this object's own memo, so a path in another
+    folder (Inductor's global one, from a compile outside fxpiece) is never
+    reused, and a compile outside fxpiece never gets ours."""
+
+    def __init__(self, cache: str, headers: str) -> None:
+        self.cache = cache
+        self.headers = headers
+        self._precompile: Any = None
+        """Inductor's `_precompile_header`, memoised for this object's folders."""
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        from torch._inductor import codecache
+
+        if self._precompile is None:
+            self._precompile = functools.cache(codecache._precompile_header.__wrapped__)
+        saved = (codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR, codecache._precompile_header)
+        codecache._HEADER_DIR = self.headers
+        codecache._HEADER_LOCK_DIR = os.path.join(self.headers, "locks")
+        codecache._precompile_header = self._precompile
+        try:
+            with _environ("TORCHINDUCTOR_CACHE_DIR", self.cache):
+                yield
+        finally:
+            (codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR, codecache._precompile_header) = (
+                saved
+            )
 
 
 @contextlib.contextmanager

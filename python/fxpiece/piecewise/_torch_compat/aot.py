@@ -244,7 +244,9 @@ def capture(
     caller: see :func:`check_guards`). :class:`AotUnsupported` when it
     cannot be captured (graph break, a value Dynamo cannot save)."""
     scope = frame_scope(fn, args, kwargs)
-    with torch._dynamo.config.patch(enable_aot_compile=True):
+    # torch.compile reads Inductor's folder (its bisector can swap the
+    # backend): the backend's private one, never the global default.
+    with torch._dynamo.config.patch(enable_aot_compile=True), backend.inductor_dirs.active():
         compiled = torch.compile(
             fn,
             fullgraph=True,

@@ -3,7 +3,9 @@
 A tiny model (one attention layer, hidden 32; ``tests/_matrix_model/src``)
 is written to a temporary folder put on ``sys.path``: its forward calls a
 helper from another file, a custom op whose kernel, fake and Inductor
-decomposition live in a third file Dynamo never traces, and bakes a
+decomposition live in a third file Dynamo never traces, ops registered
+through ``torch.library.Library`` and the other registration APIs (each
+implementation in a file of its own, ``mm_lib*.py``), and bakes a
 module-level constant into the graph. Compiler ``inductor``, no split, one
 range ``[1,16]``; every run is a fresh process against ONE shared cache root
 (``tests/_matrix_model/driver.py``).
@@ -360,6 +362,35 @@ def _describe_output(vs: dict[str, Any], what: str) -> str:
     return f"!= {what} (max diff {vs['max_diff']:.3g})"
 
 
+LIBRARY_EDITS: dict[str, tuple[str, str, str]] = {
+    "Library.impl CompositeImplicitAutograd": (
+        "mm_lib_cia.py",
+        "CIA_GAIN = 1.25",
+        "CIA_GAIN = 1.5",
+    ),
+    "Library.impl CPU": ("mm_lib_cpu.py", "DEV_SHIFT = 0.125", "DEV_SHIFT = 0.375"),
+    "Library.impl Meta": (
+        "mm_lib_meta.py",
+        "return torch.empty_like(x)",
+        "return torch.empty_like(x, memory_format=torch.contiguous_format)",
+    ),
+    "torch.library.register_kernel": ("mm_lib_kernel.py", "x - 0.0625", "x - 0.1875"),
+    "register_fake on a Library op": (
+        "mm_lib_fake.py",
+        "def rk_fake(x: torch.Tensor) -> torch.Tensor:\n    return torch.empty_like(x)",
+        "def rk_fake(x: torch.Tensor) -> torch.Tensor:\n    return x.new_empty(x.shape)",
+    ),
+    "torch.library.impl_abstract": (
+        "mm_lib_abstract.py",
+        "return torch.empty_like(x)",
+        "return x.new_empty(x.shape)",
+    ),
+    "torch.library.register_autograd": ("mm_lib_autograd.py", "return grad", "return grad * 1.0"),
+    "torch.library.define + impl": ("mm_lib_define.py", "TD_GAIN = 2.0", "TD_GAIN = 3.0"),
+}
+"""Registration API -> (the file holding its implementation, body edit)."""
+
+
 def run_matrix(m: Matrix) -> None:
     t = m.tmp
     # HIT cases, in the order they run; the first ones of each baseline also
@@ -374,6 +405,8 @@ def run_matrix(m: Matrix) -> None:
         HitCase("WORLD_SIZE", env={"WORLD_SIZE": "4"}),
         HitCase("PYTHONHASHSEED", env={"PYTHONHASHSEED": "123"}),
         HitCase("unrelated variable", env={"FXPIECE_MATRIX_UNRELATED": "x" * 40}),
+        # Only how long a lock is waited for (issue 24).
+        HitCase("TORCHINDUCTOR_FILE_LOCK_TIMEOUT", env={"TORCHINDUCTOR_FILE_LOCK_TIMEOUT": "1234"}),
         HitCase("cwd", cwd=_mkdir(t / "cwd")),
         HitCase("copied cache folder", cache="copied"),
         HitCase("moved cache folder", cache="moved"),
@@ -409,7 +442,7 @@ def run_matrix(m: Matrix) -> None:
         "custom op impl (untraced file)",
         base,
         m.spec(base),
-        "traced file changed: mm_op.py",
+        "op implementation file changed: mm_op.py",
         edit=("mm_op.py", "SHIFT = 0.25", "SHIFT = 0.75"),
     )
     m.miss(
@@ -474,6 +507,16 @@ def run_matrix(m: Matrix) -> None:
         "compiler.runtime.threads",
         inproc=True,
     )
+    # Ops registered through torch.library.Library and friends (not
+    # custom_op): each API's implementation in its own untraced file.
+    for case, (file, before, after) in LIBRARY_EDITS.items():
+        m.miss(
+            case,
+            base,
+            m.spec(base),
+            f"op implementation file changed: {file}",
+            edit=(file, before, after),
+        )
     m.settle()
 
     # The pass cases, against a baseline with the pass.
@@ -602,6 +645,8 @@ CASES = [
     "WORLD_SIZE",
     "PYTHONHASHSEED",
     "unrelated variable",
+    "TORCHINDUCTOR_FILE_LOCK_TIMEOUT",
+    *LIBRARY_EDITS,
     "moved cache folder",
     "copied cache folder",
     "model files at another path",

@@ -101,12 +101,23 @@ class FileChange:
     kind: Kind
     old: str | None
     new: str | None
+    implementation: bool = False
+    """The file holds an op implementation (a kernel, fake, autograd
+    formula, decomposition or lowering), not code Dynamo traced."""
+
+    @property
+    def noun(self) -> str:
+        return "op implementation file" if self.implementation else "traced file"
 
     def describe(self) -> str:
         return f"{self.path} ({_short(self.old)} -> {_short(self.new)})"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "kind": self.kind, "old": self.old, "new": self.new}
+        out: dict[str, Any] = {"path": self.path, "kind": self.kind, "old": self.old}
+        out["new"] = self.new
+        if self.implementation:
+            out["implementation"] = True
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +211,7 @@ class FactorDiff:
         if self.graph is not None:
             out.append(self.graph.describe(width))
         for f in self.files:
-            out.append(f"traced file {f.kind}: {f.describe()}")
+            out.append(f"{f.noun} {f.kind}: {f.describe()}")
         for c in (*self.code, *self.compiler, *self.other):
             out.append(c.describe(width))
         return out
@@ -244,11 +255,12 @@ def _summarize(noun: str, changes: tuple[Change, ...]) -> list[str]:
 
 def _summarize_files(files: tuple[FileChange, ...]) -> str:
     parts = []
-    for kind in ("changed", "added", "removed"):
-        these = [f for f in files if f.kind == kind]
+    groups = [(k, impl) for k in ("changed", "added", "removed") for impl in (True, False)]
+    for kind, impl in groups:
+        these = [f for f in files if f.kind == kind and f.implementation == impl]
         if not these:
             continue
-        noun = "traced file" if len(these) == 1 else "traced files"
+        noun = these[0].noun + ("" if len(these) == 1 else "s")
         if len(these) == 1:
             what = these[0].describe() if kind == "changed" else these[0].path
         else:
@@ -307,6 +319,12 @@ def _code_diff(a: Any, b: Any) -> tuple[tuple[FileChange, ...], tuple[Change, ..
     b = b if isinstance(b, Mapping) else {}
     fa = a.get("files") if isinstance(a.get("files"), Mapping) else {}
     fb = b.get("files") if isinstance(b.get("files"), Mapping) else {}
+    impl = {
+        p
+        for side in (a, b)
+        for p in (side.get("implementation_files") or ())
+        if isinstance(side.get("implementation_files"), list)
+    }
     files: list[FileChange] = []
     if fa != fb:
         for path in sorted(set(fa) | set(fb)):
@@ -314,11 +332,11 @@ def _code_diff(a: Any, b: Any) -> tuple[tuple[FileChange, ...], tuple[Change, ..
             if da == db:
                 continue
             if da is _MISSING:
-                files.append(FileChange(path, "added", None, db))
+                files.append(FileChange(path, "added", None, db, path in impl))
             elif db is _MISSING:
-                files.append(FileChange(path, "removed", da, None))
+                files.append(FileChange(path, "removed", da, None, path in impl))
             else:
-                files.append(FileChange(path, "changed", da, db))
+                files.append(FileChange(path, "changed", da, db, path in impl))
     rest_a = {k: v for k, v in a.items() if k != "files"}
     rest_b = {k: v for k, v in b.items() if k != "files"}
     # The overall digest follows from the files; report it only when no file

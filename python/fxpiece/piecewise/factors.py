@@ -172,16 +172,27 @@ def code_factor(traced_files: Iterable[str], gm: torch.fx.GraphModule) -> dict[s
     """Every source file Dynamo traced, and the files of every Python
     implementation of what the graph calls (custom ops' kernels and fake
     implementations, user decompositions and lowerings, functions allowed in
-    the graph): by content and portable path."""
-    impl = _torch_compat.implementation_files(gm)
+    the graph): by content and portable path. Op implementations are found
+    for every registration API (``custom_op``, ``Library.impl`` for any
+    dispatch key, ``torch.library.impl``, ``register_kernel``,
+    ``register_fake``/``impl_abstract``, ``register_autograd``); one
+    without a source file is keyed by its ``uuid()`` or is a
+    :class:`~fxpiece.ConfigError`."""
+    traced_files = list(traced_files)
+    impl, uuids = _torch_compat.implementation_sources(gm)
     report = hash_files_report(sorted(set(traced_files) | impl))
     by_path = {portable_path(f.path): f.digest for f in report.files}
     impl_paths = {portable_path(p) for p in impl}
-    return {
+    out: dict[str, Any] = {
         "digest": hash_factors(by_path),
         "implementations": hash_factors({p: d for p, d in by_path.items() if p in impl_paths}),
+        # Files keyed only as op implementations (Dynamo never traced them).
+        "implementation_files": sorted(impl_paths - {portable_path(p) for p in traced_files}),
         "files": by_path,
     }
+    if uuids:
+        out["implementation_uuids"] = dict(sorted(uuids.items()))
+    return out
 
 
 def _resolve_portable(path: str) -> str | None:

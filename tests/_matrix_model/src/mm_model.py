@@ -1,7 +1,9 @@
 """The matrix model: one attention layer (hidden 32) whose forward calls a
-helper from another file, a custom op defined in a third one, and bakes the
+helper from another file, a custom op defined in a third one, ops registered
+through ``torch.library.Library`` (``mm_lib``), and bakes the
 module-level constant ``SCALE`` into the graph."""
 
+import mm_lib
 import mm_op  # noqa: F401  (registers mmx::shift)
 import torch
 from mm_helper import act
@@ -27,5 +29,5 @@ class Tiny(torch.nn.Module):
         q, k, v = self.qkv(x).view(t, 3, self.heads, -1).unbind(1)
         a = torch.ops.fxpiece_toy.attention(q, k, v)
         h = x + self.o(a) * SCALE
-        out: torch.Tensor = torch.ops.mmx.shift(act(h))
+        out: torch.Tensor = mm_lib.apply(torch.ops.mmx.shift(act(h)))
         return out

@@ -11,6 +11,7 @@ import contextlib
 import copy
 import functools
 import os
+import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -597,13 +598,21 @@ def _source_file(fn: Any) -> str | None:
         path = inspect.getsourcefile(inspect.unwrap(fn))
     except (TypeError, OSError, ValueError):
         return None
-    return os.path.abspath(path) if path else None
+    return os.path.abspath(path) if path and os.path.isfile(path) else None
+
+
+def _code_file(code: Any) -> str | None:
+    path = getattr(code, "co_filename", "")
+    return os.path.abspath(path) if path and os.path.isfile(path) else None
 
 
 def _op_implementations(target: Any) -> list[Any]:
     """Python functions behind an operator: a custom op's kernels, fake and
-    autograd implementations, Python kernels, user decompositions and
-    lowerings."""
+    autograd implementations, Python kernels, fake implementations by any
+    API (``register_fake``, ``impl_abstract``), user decompositions and
+    lowerings. Kernels the dispatcher holds (``Library.impl``,
+    ``torch.library.impl``, ``register_kernel``, ``register_autograd``) are
+    in :func:`implementation_files` (:mod:`.registrations`)."""
     from torch._library import custom_ops, simple_registry
 
     packet = target.overloadpacket if isinstance(target, torch._ops.OpOverload) else target
@@ -629,27 +638,122 @@ def _op_implementations(target: Any) -> list[Any]:
     return [f for f in fns if f is not None]
 
 
+def _graph_targets(gm: torch.fx.GraphModule) -> Iterator[Any]:
+    """``call_function`` targets of ``gm`` and of its subgraphs (the bodies
+    of higher-order ops are submodules)."""
+    for mod in gm.modules():
+        graph = getattr(mod, "graph", None)
+        if isinstance(graph, torch.fx.Graph):
+            for node in graph.nodes:
+                if node.op == "call_function":
+                    yield node.target
+
+
+def _no_source(op: str, what: str) -> Any:
+    from fxpiece.errors import ConfigError
+
+    return ConfigError(
+        "cache",
+        f"{op}: {what} has no source file, so the cache cannot tell when it changes. "
+        "Define it in a .py file, or give the function a uuid() that changes with it "
+        "(fn.uuid = lambda: '<version>'), or disable the cache (disable_cache=True)",
+    )
+
+
+def _uuid_of(fn: Any) -> str | None:
+    uuid = getattr(fn, "uuid", None)
+    return str(uuid()) if callable(uuid) else None
+
+
 def implementation_files(gm: torch.fx.GraphModule) -> set[str]:
     """Source files (outside torch) of the Python code that what ``gm`` calls
     runs or is rewritten into: it can change the compiled code without
-    Dynamo ever tracing those files."""
+    Dynamo ever tracing those files. Every registration API counts
+    (:func:`_op_implementations`, and the dispatcher's Python kernels of any
+    dispatch key). An implementation outside torch without a source file
+    (made by ``exec``, a builtin) and without a ``uuid()`` is a
+    :class:`~fxpiece.ConfigError`; :func:`implementation_uuids` keys those
+    with one."""
+    return implementation_sources(gm)[0]
+
+
+def implementation_uuids(gm: torch.fx.GraphModule) -> dict[str, str]:
+    """``{op: uuid}`` of implementations keyed by an explicit ``uuid()``."""
+    return implementation_sources(gm)[1]
+
+
+def implementation_sources(gm: torch.fx.GraphModule) -> tuple[set[str], dict[str, str]]:
+    """(files, ``{op/key: uuid}``) of every Python implementation behind
+    what ``gm`` calls; see :func:`implementation_files`."""
+    from fxpiece.piecewise._torch_compat.registrations import CORE_NAMESPACES, dispatcher_impls
+
     torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
     out: set[str] = set()
-    seen: set[Any] = set()
-    for node in gm.graph.nodes:
-        t = node.target
-        if node.op != "call_function" or id(t) in seen:
+    uuids: dict[str, str] = {}
+    seen: set[int] = set()
+
+    def add(fn: Any, label: str) -> None:
+        path = _source_file(fn)
+        if path is not None and path.startswith(torch_dir):
+            return
+        uuid = _uuid_of(fn)
+        if uuid is not None:
+            uuids[label] = uuid
+        elif path is not None:
+            out.add(path)
+        elif isinstance(fn, types.FunctionType) and not str(fn.__module__).startswith("torch"):
+            raise _no_source(label, f"implementation {fn.__qualname__}")
+
+    for t in _graph_targets(gm):
+        if id(t) in seen:
             continue
         seen.add(id(t))
-        if isinstance(t, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
-            fns = _op_implementations(t)
-        else:
-            fns = [t]
-        for fn in fns:
-            path = _source_file(fn)
-            if path is not None and not path.startswith(torch_dir):
-                out.add(path)
-    return out
+        if not isinstance(t, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+            add(t, getattr(t, "__qualname__", repr(t)))
+            continue
+        for fn in _op_implementations(t):
+            add(fn, str(t))
+        ops = (
+            [t] if isinstance(t, torch._ops.OpOverload) else [getattr(t, n) for n in t.overloads()]  # type: ignore[no-untyped-call]
+        )
+        for op in ops:
+            ns = op.namespace
+            try:
+                impls = list(dispatcher_impls(op))
+            except (TypeError, RuntimeError) as e:
+                if ns in CORE_NAMESPACES:
+                    continue
+                raise _no_source(
+                    op.name(), f"a Python kernel that cannot be inspected ({e})"
+                ) from e
+            for impl in impls:
+                label = f"{impl.op} ({impl.key})"
+                if impl.code is None:
+                    if ns not in CORE_NAMESPACES:
+                        raise _no_source(label, "a kernel that is not a Python function")
+                    continue
+                path = _code_file(impl.code)
+                if path is not None and not path.startswith(torch_dir):
+                    out.add(path)
+                elif path is None:
+                    fn = _function_of(impl.code)
+                    uuid = _uuid_of(fn) if fn is not None else None
+                    if uuid is None:
+                        raise _no_source(label, f"kernel {impl.code.co_name}")
+                    uuids[label] = uuid
+                for fn in impl.functions:
+                    add(fn, label)
+    return out, uuids
+
+
+def _function_of(code: Any) -> Any:
+    """The function object running ``code`` (for its ``uuid()``)."""
+    import gc
+
+    for ref in gc.get_referrers(code):
+        if isinstance(ref, types.FunctionType) and ref.__code__ is code:
+            return ref
+    return None
 
 
 def inductor_compile_threads() -> int:

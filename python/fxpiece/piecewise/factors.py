@@ -48,12 +48,16 @@ __all__ = [
 
 
 def env_factors(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment variables that change generated code and are set: an
-    exact allow-list (:data:`_torch_compat.ENV_CHANGES_CODE`). Inductor's
-    ``TORCHINDUCTOR_*`` options are read into its config and keyed there;
-    ports, ranks, paths, timeouts and the like never enter the key."""
+    """The environment variables that change generated code and are set: the
+    code-changing half of the one classification of every variable torch
+    reads (:mod:`fxpiece.piecewise.env_classes`), plus ``ATEN_CPU_CAPABILITY``
+    and ``CXX``. Ports, ranks, paths, locks, timeouts, logging and the like
+    never enter the key."""
+    from fxpiece.piecewise import env_classes
+
     e = os.environ if env is None else env
-    return {k: e[k] for k in sorted(_torch_compat.ENV_CHANGES_CODE) if k in e}
+    names = env_classes.ENV_CHANGES_CODE | env_classes.OTHER_ENV_CHANGES_CODE
+    return {k: e[k] for k in sorted(names) if k in e}
 
 
 def inductor_factors(overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -545,6 +545,9 @@ INDUCTOR_NOT_IN_KEY = frozenset(
         "compile_threads",
         "compile_worker_mode",
         "compile_worker_wait_timeout",
+        "file_lock_timeout",  # how long a lock is waited for
+        "precompilation_timeout_seconds",
+        "collective_benchmark_timeout",
         "compile_worker_watchdog_interval_seconds",
         "torchinductor_worker_logpath",
         "worker_log_path",

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fxpiece
-from fxpiece.cache.lease import Lease, acquire_or_wait, read_lease
+from fxpiece.cache.lease import MAX_CLOCK_SKEW, Lease, LeaseWatch, acquire_or_wait, read_lease
 
 
 @pytest.fixture
@@ -103,6 +105,66 @@ def test_ttl_written_in_a_foreign_lease_is_ignored(tmp_path: Path, alarm: None) 
     os.utime(p, (old, old))
     out = acquire_or_wait(str(p), ttl=2.0, timeout=60, poll=lambda: None)
     assert out.lease is not None and out.waited_s < 8
+    out.lease.release()
+
+
+def _future_lease(p: Path, host: str, ahead: float = 600.0) -> None:
+    """A lease of a pid on ``host`` (not ours: never judged dead here) dated
+    ``ahead`` seconds in the future, as a host whose clock runs ahead writes it."""
+    p.write_text(json.dumps({"host": host, "ns": "other-boot:1", "pid": 4242, "token": "t"}))
+    t = time.time_ns() + int(ahead * 1e9)
+    os.utime(p, ns=(t, t))
+
+
+def test_lease_dated_in_the_future_is_taken_over_after_ttl_plus_skew(
+    tmp_path: Path, alarm: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dead holder on a host whose clock runs 10 minutes ahead: the wait
+    is bounded by ttl + the allowed skew on the waiter's own clock (it was
+    10 minutes + ttl by the file's mtime), and the lease is named once."""
+    p = tmp_path / "future.lease"
+    _future_lease(p, "fast-clock-host")
+    caplog.set_level(logging.WARNING, logger="fxpiece")
+    t0 = time.monotonic()
+    out = acquire_or_wait(str(p), ttl=0.5, timeout=60, poll=lambda: None)
+    took = time.monotonic() - t0
+    assert out.lease is not None, "taken over, not timed out"
+    assert 0.5 + MAX_CLOCK_SKEW <= took < 0.5 + MAX_CLOCK_SKEW + 2.5, took
+    info = read_lease(str(p))
+    assert info is not None and info.token == out.lease.token
+    said = [r.getMessage() for r in caplog.records if "in the future" in r.getMessage()]
+    assert len(said) == 1, said
+    assert str(p) in said[0] and "fast-clock-host" in said[0], said
+    out.lease.release()
+
+
+def test_renewed_lease_dated_in_the_future_is_kept(tmp_path: Path, alarm: None) -> None:
+    """A live holder whose clock runs ahead renews its lease (every ttl/3,
+    each renewal dated 10 minutes ahead): it keeps it for as long as the
+    mtime keeps changing, and loses it ttl + skew after it stops."""
+    p = tmp_path / "renewed.lease"
+    _future_lease(p, "fast-clock-host")
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(0.5 / 3):
+            t = time.time_ns() + 600 * 10**9
+            os.utime(p, ns=(t, t))
+
+    renewer = threading.Thread(target=renew, daemon=True)
+    renewer.start()
+    try:
+        watch = LeaseWatch(skew=0.5)
+        out = acquire_or_wait(str(p), ttl=0.5, timeout=3.0, poll=lambda: None, watch=watch)
+        assert out.lease is None and out.waited_s >= 3.0, "ttl + skew is 1 s: kept 3 times over"
+        info = read_lease(str(p))
+        assert info is not None and info.token == "t" and info.host == "fast-clock-host"
+    finally:
+        stop.set()
+        renewer.join()
+    t0 = time.monotonic()
+    out = acquire_or_wait(str(p), ttl=0.5, timeout=30, poll=lambda: None, watch=watch)
+    assert out.lease is not None and time.monotonic() - t0 < 1.0 + 2.5
     out.lease.release()
 
 

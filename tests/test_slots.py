@@ -3,6 +3,7 @@ lease files. The multi-process behaviour is in test_ranks.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import fxpiece
+from fxpiece.cache.lease import MAX_CLOCK_SKEW
 from fxpiece.cache.slots import CompileSlots, default_parallel_compiles
 from fxpiece.errors import ConfigError
 
@@ -67,6 +69,21 @@ def test_dead_holder_and_planted_files_are_taken_over(tmp_path: Path) -> None:
     taken, _ = slots.acquire(timeout=10)
     assert taken is not None
     assert Path(taken.path).is_file()
+    taken.release()
+
+
+def test_slot_dated_in_the_future_is_taken_over_after_ttl_plus_skew(tmp_path: Path) -> None:
+    """A slot left by a dead holder on a host whose clock runs 10 minutes
+    ahead is free after ttl + the allowed clock skew (the slots' own clock)."""
+    slot = tmp_path / "slot-0.lease"
+    slot.write_text(json.dumps({"host": "fast-clock-host", "ns": "x:1", "pid": 4242, "token": "t"}))
+    ahead = time.time() + 600
+    os.utime(slot, (ahead, ahead))
+    slots = CompileSlots(tmp_path, count=1, ttl=0.5)
+    t0 = time.monotonic()
+    taken, waited = slots.acquire(timeout=30)
+    assert taken is not None and 0.5 + MAX_CLOCK_SKEW <= waited < 0.5 + MAX_CLOCK_SKEW + 2
+    assert time.monotonic() - t0 < 0.5 + MAX_CLOCK_SKEW + 2
     taken.release()
 
 

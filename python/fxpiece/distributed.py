@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from fxpiece.cache.keys import piece_kernels_key
 from fxpiece.cache.model import ModelCache
-from fxpiece.cache.slots import host_slot_dir
+from fxpiece.cache.slots import host_slot_base, host_slot_dir
 from fxpiece.cache.store import checksum
 from fxpiece.config import CompileConfig
 from fxpiece.errors import CacheError
@@ -47,10 +47,11 @@ class DistributedBackend(Backend):
         "at another point (ranks that start differently would deadlock)"
     )
 
-    def slot_folder(self, mc: ModelCache | None) -> Path | None:
+    def slot_folder(self, mc: ModelCache | None) -> tuple[Path, Path] | None:
         """Ranks may have private cache roots: the slots are this host's
-        own folder, so every rank of the host shares them."""
-        return host_slot_dir()
+        own folder, so every rank of the host shares them (each level below
+        ``/dev/shm`` checked before anything is created in it)."""
+        return host_slot_base(), host_slot_dir()
 
     def __init__(
         self,

@@ -11,6 +11,15 @@ written in the file), or when it is not a lease at all (a FIFO, symlink,
 folder or oversized file planted under ``locks/``). Takeover renames the
 stale file aside first, so two takers cannot both win.
 
+A lease dated more than :data:`MAX_CLOCK_SKEW` seconds in the future (its
+holder's clock runs ahead) never ages by our clock; a waiter watching it
+(:class:`LeaseWatch`) times it on its own monotonic clock instead, from when
+it first saw the lease as it is now (token and mtime), and takes it over
+once it has not changed for ``ttl + MAX_CLOCK_SKEW`` seconds. A holder that
+keeps renewing keeps its lease however far its clock runs ahead: each
+renewal changes the mtime and restarts the wait. Such a lease is logged
+once (its path and host).
+
 :func:`acquire_or_wait` is the single-flight protocol the backend uses: take
 the lease and compile, or wait for the holder's result.
 
@@ -29,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
 import secrets
 import threading
@@ -44,8 +54,10 @@ from fxpiece.errors import CacheError
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
+    "MAX_CLOCK_SKEW",
     "Lease",
     "LeaseInfo",
+    "LeaseWatch",
     "WaitOutcome",
     "acquire_or_wait",
     "namespace_id",
@@ -56,9 +68,15 @@ __all__ = [
 
 DEFAULT_LEASE_TTL = 30.0
 """Seconds a lease may go unrenewed before others may take it over."""
+MAX_CLOCK_SKEW = 5.0
+"""Seconds a lease's time (its mtime, set by its holder's clock) may be ahead
+of ours and still be aged by our clock. A lease dated further ahead is
+suspect: a waiter gives it ``ttl + MAX_CLOCK_SKEW`` seconds without a change
+on its own monotonic clock (:class:`LeaseWatch`), then takes it over."""
 LEASE_LIMIT = 4096
 """A lease file is a small JSON object; anything bigger is not a lease."""
 T = TypeVar("T")
+_log = logging.getLogger("fxpiece")
 
 
 this_host = _native.this_host
@@ -95,13 +113,18 @@ class LeaseInfo:
     """Seconds since the last renewal (by this reader's clock)."""
     hostile: str | None = None
     """Why the file is not a lease at all (FIFO, symlink, folder, too big)."""
+    mtime_ns: int = 0
+    """The file's mtime (its last renewal, by its holder's clock)."""
 
 
-def _age(path: str) -> float:
+def _stamp(path: str) -> tuple[float, int]:
+    """``(age, mtime_ns)`` of the file at ``path`` (age by our clock;
+    negative when it is dated in the future)."""
     try:
-        return time.time() - os.lstat(path).st_mtime
+        st = os.lstat(path)
     except OSError:
-        return 0.0
+        return 0.0, 0
+    return time.time() - st.st_mtime, st.st_mtime_ns
 
 
 def read_lease(path: str) -> LeaseInfo | None:
@@ -114,10 +137,12 @@ def read_lease(path: str) -> LeaseInfo | None:
     except FileNotFoundError:
         return None
     except CacheError as e:
-        return LeaseInfo("", "", 0, "", _age(path), hostile=e.strerror or str(e))
+        age, mtime = _stamp(path)
+        return LeaseInfo("", "", 0, "", age, hostile=e.strerror or str(e), mtime_ns=mtime)
     except OSError as e:
-        return LeaseInfo("", "", 0, "", _age(path), hostile=f"unreadable: {e.strerror}")
-    age = _age(path)
+        age, mtime = _stamp(path)
+        return LeaseInfo("", "", 0, "", age, hostile=f"unreadable: {e.strerror}", mtime_ns=mtime)
+    age, mtime = _stamp(path)
     try:
         d = json.loads(raw.decode("utf-8"))
         host, ns, pid, token = d["host"], d.get("ns", ""), d["pid"], d["token"]
@@ -125,14 +150,56 @@ def read_lease(path: str) -> LeaseInfo | None:
             raise TypeError
         if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < 2**31 or not token:
             raise TypeError
-        return LeaseInfo(host, ns, pid, token, age)
+        return LeaseInfo(host, ns, pid, token, age, mtime_ns=mtime)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
-        return LeaseInfo("", "", 0, "", age)
+        return LeaseInfo("", "", 0, "", age, mtime_ns=mtime)
 
 
 def _unlink(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+class LeaseWatch:
+    """One waiter's view of the leases dated in the future that it waits for
+    (see the module doc): when it first saw each as it is now, timed on its
+    own monotonic clock, never on the file's mtime."""
+
+    def __init__(self, skew: float = MAX_CLOCK_SKEW) -> None:
+        self.skew = skew
+        self._seen: dict[str, tuple[str, int, float]] = {}
+        """Lease path -> (token, mtime_ns, monotonic time first seen so)."""
+        self._warned: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def overdue(self, path: str, info: LeaseInfo, ttl: float) -> bool:
+        """Whether ``info``, the lease at ``path``, is dated more than
+        ``skew`` seconds ahead of our clock and has not changed (same token,
+        same mtime) for ``ttl + skew`` seconds since this watch first saw it
+        so. Logs such a lease once (its path and host)."""
+        now = time.monotonic()
+        with self._lock:
+            if info.hostile is not None or info.age >= -self.skew:
+                self._seen.pop(path, None)
+                return False
+            seen = self._seen.get(path)
+            if seen is None or seen[:2] != (info.token, info.mtime_ns):
+                seen = (info.token, info.mtime_ns, now)
+                self._seen[path] = seen
+            first = (path, info.token) not in self._warned
+            self._warned.add((path, info.token))
+        if first:
+            _log.warning(
+                "fxpiece: lease %s of host %r is dated %.0f s in the future (more than the "
+                "allowed clock skew of %g s: its holder's clock runs ahead); it is taken over "
+                "unless it is renewed within %.1f s",
+                path,
+                info.host or "?",
+                -info.age,
+                self.skew,
+                ttl + self.skew,
+            )
+        return now - seen[2] > ttl + self.skew
 
 
 class Lease:
@@ -187,14 +254,23 @@ class Lease:
 
     @classmethod
     def take_over(
-        cls, path: str, seen: LeaseInfo, *, ttl: float, host: str | None = None
+        cls,
+        path: str,
+        seen: LeaseInfo,
+        *,
+        ttl: float,
+        host: str | None = None,
+        overdue: bool = False,
     ) -> Lease | None:
         """Break the stale lease ``seen`` and take it; ``None`` if somebody
-        else broke or renewed it first."""
+        else broke or renewed it first. ``overdue``: ``seen`` is not stale by
+        its age but a :class:`LeaseWatch` found it unrenewed too long (dated
+        in the future); it is taken only if it is still exactly ``seen``."""
         cur = read_lease(path)
         if cur is None:
             return cls.try_acquire(path, host=host, ttl=ttl)
-        if cur.token != seen.token or not cls.is_stale(cur, ttl=ttl, host=host):
+        unchanged = overdue and cur.mtime_ns == seen.mtime_ns
+        if cur.token != seen.token or not (unchanged or cls.is_stale(cur, ttl=ttl, host=host)):
             return None
         aside = CacheLayout.stale_lease_name(path, secrets.token_hex(4))
         try:
@@ -202,7 +278,8 @@ class Lease:
         except FileNotFoundError:
             return None
         moved = read_lease(aside)
-        if moved is not None and moved.token != seen.token:
+        renewed = overdue and moved is not None and moved.mtime_ns != seen.mtime_ns
+        if moved is not None and (moved.token != seen.token or renewed):
             # Another taker replaced the stale lease between our check and our
             # rename: put its lease back (link fails if the path is taken).
             with contextlib.suppress(OSError):
@@ -216,9 +293,10 @@ class Lease:
         return cls.try_acquire(path, host=host, ttl=ttl)
 
     @classmethod
-    def try_take(cls, path: str, *, ttl: float) -> Lease | None:
+    def try_take(cls, path: str, *, ttl: float, watch: LeaseWatch | None = None) -> Lease | None:
         """Take the lease if it is free or stale (taken over); ``None`` if a
-        live holder has it. Never waits."""
+        live holder has it. Never waits. With ``watch``, a lease dated in the
+        future that the watch has seen unchanged too long is stale too."""
         lease = cls.try_acquire(path, ttl=ttl)
         if lease is not None:
             return lease
@@ -227,6 +305,8 @@ class Lease:
             return cls.try_acquire(path, ttl=ttl)
         if cls.is_stale(info, ttl=ttl):
             return cls.take_over(path, info, ttl=ttl)
+        if watch is not None and watch.overdue(path, info, ttl):
+            return cls.take_over(path, info, ttl=ttl, overdue=True)
         return None
 
     def _heartbeat(self) -> None:
@@ -271,11 +351,14 @@ def acquire_or_wait(
     ttl: float,
     timeout: float,
     poll: Callable[[], T | None],
+    watch: LeaseWatch | None = None,
 ) -> WaitOutcome[T]:
     """Single flight: take the lease at ``path``; if another process holds
     it, poll for its result (``poll()``, with back-off) until it appears, the
     lease frees up or goes stale (then it is taken over), or ``timeout``
-    seconds pass."""
+    seconds pass. A lease dated in the future is timed by ``watch`` (a new
+    :class:`LeaseWatch` when ``None``)."""
+    watch = watch if watch is not None else LeaseWatch()
     lease = Lease.try_acquire(path, ttl=ttl)
     if lease is not None:
         return WaitOutcome(lease, None, 0.0)
@@ -287,7 +370,7 @@ def acquire_or_wait(
         result = poll()
         if result is not None:
             return WaitOutcome(None, result, time.monotonic() - t0)
-        lease = Lease.try_take(path, ttl=ttl)
+        lease = Lease.try_take(path, ttl=ttl, watch=watch)
         if lease is not None:
             return WaitOutcome(lease, None, time.monotonic() - t0)
         if time.monotonic() - t0 > timeout:

@@ -10,7 +10,7 @@ from fxpiece.cache.index import CacheIndex, write_atomic
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.safeio import read_regular
 from fxpiece.cache.store import ArtifactStore
-from fxpiece.cache.trust import check_tree, ensure_private_dir
+from fxpiece.cache.trust import check_tree, ensure_private_under
 from fxpiece.context import validate_path_part
 
 __all__ = ["ModelCache"]
@@ -33,29 +33,40 @@ class ModelCache:
         self.layout = layout
         self.key = key
         self.readonly = readonly
+        self.trust = trust
         self.folder = layout.model_dir(key, model_tag)
-        if not readonly:
-            ensure_private_dir(self.folder)
         index = layout.index_dir(self.folder)
         if not trust:
+            # Checked before anything is created under the root: a symlinked
+            # ``models/`` must not get folders created at its target.
             self._check_trusted(index)
-        self.index = (
-            CacheIndex(str(index), readonly=True)
-            if readonly
-            else CacheIndex(str(ensure_private_dir(index)))
-        )
+        if not readonly:
+            ensure_private_under(layout.root, index, trust=trust)
+        self.index = CacheIndex(str(index), readonly=readonly)
         self.artifacts = ArtifactStore(layout, readonly=readonly, trust=trust)
 
     def _check_trusted(self, index: Path) -> None:
         """Every folder code or entries are loaded from, the files of the
         index, and every folder above the root (see :mod:`fxpiece.cache.trust`)."""
         lay = self.layout
-        folders = (lay.artifacts_dir, lay.models_dir, lay.locks_dir, self.folder.parent)
+        folders = (
+            lay.artifacts_dir,
+            lay.models_dir,
+            lay.locks_dir,
+            lay.locks_dir / "slots",
+            self.folder.parent,
+        )
         check_tree(lay.root, (*folders, self.folder, index), files_in=(index,))
 
     @property
     def root(self) -> Path:
         return self.layout.root
+
+    def ensure_locks_dir(self) -> Path:
+        """``locks/``, created private after its levels are checked (a
+        symlink there is refused, never followed: leases are never written
+        out of the root)."""
+        return ensure_private_under(self.layout.root, self.layout.locks_dir, trust=self.trust)
 
     def _write_text(self, path: Path, text: str) -> None:
         """Write ``text`` unless the file already holds it (read safely: the

@@ -7,9 +7,13 @@ the processes of one host (``<cache root>/locks/slots/<host>/``, or a
 private folder in the host's temporary file system). A slot is a
 :class:`~fxpiece.cache.lease.Lease`: created with ``O_EXCL``, renewed by a
 heartbeat, and freed the same way a dead lease is (a dead holder in this
-PID namespace at once; an unrenewed one after ``ttl``; a planted non-lease
-file at once). Processes configured with different counts share the low
-slot numbers, so the smallest count bounds them all.
+PID namespace at once; an unrenewed one after ``ttl``, or after ``ttl`` plus
+the allowed clock skew on this process's own clock when it is dated in the
+future; a planted non-lease file at once). Every level of the folder below
+its ``base`` (the cache root, or ``/dev/shm``) is checked before anything is
+created in it: a symlink there is refused, never followed. Processes
+configured with different counts share the low slot numbers, so the
+smallest count bounds them all.
 
 >>> import tempfile
 >>> from pathlib import Path
@@ -28,11 +32,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from fxpiece.cache.lease import DEFAULT_LEASE_TTL, Lease
-from fxpiece.cache.trust import ensure_private_dir
+from fxpiece.cache.lease import DEFAULT_LEASE_TTL, Lease, LeaseWatch
+from fxpiece.cache.trust import ensure_private_dir, ensure_private_under
 from fxpiece.errors import CacheError
 
-__all__ = ["CompileSlots", "default_parallel_compiles", "host_slot_dir"]
+__all__ = ["CompileSlots", "default_parallel_compiles", "host_slot_base", "host_slot_dir"]
 
 
 def default_parallel_compiles(compile_threads: int | None = None) -> int:
@@ -50,13 +54,19 @@ def default_parallel_compiles(compile_threads: int | None = None) -> int:
     return max(1, cores // max(1, compile_threads))
 
 
+def host_slot_base() -> Path:
+    """This host's temporary file system: ``/dev/shm`` when it exists, else
+    the temporary folder (shared by every user: what fxpiece creates in it
+    is checked level by level, see :func:`host_slot_dir`)."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
 def host_slot_dir() -> Path:
     """A folder of this host only, private to this user, for processes that
-    share no cache root (``/dev/shm`` when it exists, else the temporary
-    folder): ``fxpiece-<uid>/compile-slots``."""
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    return base / f"fxpiece-{os.getuid()}" / "compile-slots"
+    share no cache root: ``fxpiece-<uid>/compile-slots`` under
+    :func:`host_slot_base`."""
+    return host_slot_base() / f"fxpiece-{os.getuid()}" / "compile-slots"
 
 
 def _private(folder: Path) -> str | None:
@@ -76,20 +86,37 @@ def _private(folder: Path) -> str | None:
 
 
 class CompileSlots:
-    """``count`` compile slots in ``folder`` (see the module doc)."""
+    """``count`` compile slots in ``folder`` (see the module doc). ``base``:
+    the folder ``folder`` is under (the cache root, :func:`host_slot_base`),
+    whose every level below is checked before anything is created in it;
+    ``None``: only the folder itself is checked."""
 
-    def __init__(self, folder: Path, count: int, ttl: float = DEFAULT_LEASE_TTL) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        count: int,
+        ttl: float = DEFAULT_LEASE_TTL,
+        *,
+        base: Path | None = None,
+    ) -> None:
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
         self.folder = folder
         self.count = count
         self.ttl = ttl
+        self.base = base
+        self._watch = LeaseWatch()
+        """Times slot leases dated in the future (a holder's clock ahead)."""
 
     def prepare(self) -> str | None:
-        """Create the folder (0700, every level we create); why it cannot be
-        used, or ``None``."""
+        """Create the folder (0700, every level we create; with ``base``,
+        every level checked before anything is created in it); why it cannot
+        be used, or ``None``."""
         try:
-            ensure_private_dir(self.folder)
+            if self.base is None:
+                ensure_private_dir(self.folder)
+            else:
+                ensure_private_under(self.base, self.folder)
         except CacheError as e:
             return str(e)
         return _private(self.folder)
@@ -102,7 +129,8 @@ class CompileSlots:
         delay = 0.02
         while True:
             for i in range(self.count):
-                lease = Lease.try_take(str(self.folder / f"slot-{i}.lease"), ttl=self.ttl)
+                path = str(self.folder / f"slot-{i}.lease")
+                lease = Lease.try_take(path, ttl=self.ttl, watch=self._watch)
                 if lease is not None:
                     return lease, time.monotonic() - t0
             if time.monotonic() - t0 >= timeout:

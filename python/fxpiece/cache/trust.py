@@ -4,10 +4,14 @@ fxpiece loads compiled code from the cache (Inductor imports generated Python
 and unpickles), so whoever can write there could run code as us. Folders are
 created 0700 at every level, and a folder another user owns or can write is
 refused (:class:`~fxpiece.UntrustedCacheError`) unless the caller opts out.
+Folders under the root are checked before anything is created in them
+(:func:`ensure_private_under`): a symlink in place of one is refused, never
+followed, so nothing is created outside the root.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -23,6 +27,7 @@ __all__ = [
     "check_tree",
     "check_trusted",
     "ensure_private_dir",
+    "ensure_private_under",
     "find_untrusted",
 ]
 
@@ -43,6 +48,56 @@ def ensure_private_dir(path: Path) -> Path:
             f"cannot create cache folder {path}: {e.strerror}; set cache_dir "
             "(FXPIECE_CACHE_ROOT) to a writable folder or disable the cache",
             str(path),
+        ) from e
+    return path
+
+
+def ensure_private_under(base: Path, path: Path, *, trust: bool = False) -> Path:
+    """Create ``path``, a folder under ``base`` (a cache root, or the host's
+    temporary folder), one level at a time, 0700: each level below ``base``
+    is looked at with ``lstat`` before anything is created in it, and a
+    symlink (which could lead out of ``base``), a file, or a folder another
+    user owns or can write is refused (:class:`~fxpiece.UntrustedCacheError`
+    naming it and the fix) before anything is created below it. A level that
+    appears between our look and our ``mkdir`` is checked the same way.
+    ``base`` itself is the caller's to check (:func:`check_tree`); with
+    ``trust`` (``allow_untrusted_cache``) this is :func:`ensure_private_dir`."""
+    if trust:
+        return ensure_private_dir(path)
+    rel = path.relative_to(base)  # ValueError: a programming error, not a cache state
+    cur = base
+    try:
+        for part in rel.parts:
+            cur = cur / part
+            try:
+                st = os.lstat(cur)
+            except FileNotFoundError:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(cur, 0o700)
+                st = os.lstat(cur)
+            if stat.S_ISLNK(st.st_mode):
+                raise _refuse(
+                    cur,
+                    "is a symlink inside the cache (it could lead out of it; nothing is "
+                    "created through it)",
+                    f"remove it (rm {cur})",
+                )
+            if not stat.S_ISDIR(st.st_mode):
+                raise CacheError(
+                    errno.ENOTDIR,
+                    f"cannot create cache folder {path}: {cur} is not a folder; remove it or "
+                    "set cache_dir (FXPIECE_CACHE_ROOT) to another folder",
+                    str(cur),
+                )
+            check_stat(cur, st)
+    except CacheError:
+        raise
+    except OSError as e:
+        raise CacheError(
+            e.errno or 0,
+            f"cannot create cache folder {path}: {e.strerror}; set cache_dir "
+            "(FXPIECE_CACHE_ROOT) to a writable folder or disable the cache",
+            str(cur),
         ) from e
     return path
 

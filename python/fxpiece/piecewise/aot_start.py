@@ -11,10 +11,12 @@ up to :data:`MAX_ENTRIES`): the digest of the saved Dynamo output (a
 verified artifact in the content-addressed store) and the BLAKE3 of every
 source file Dynamo traced.
 
-- **Warm**: the recorded files are hashed again; any change (an edited
-  model file) is a miss. Otherwise every entry is loaded (verified first,
-  quarantined if corrupt) and its graph is rebuilt by the backend, which
-  loads every piece from the cache: no Dynamo trace.
+- **Warm**: each entry's saved output is verified first (a corrupt one is
+  quarantined; no module it names is looked up, since finding a module
+  imports its parent packages), then the recorded files are hashed again;
+  any change (an edited model file) is a miss. Otherwise every entry is
+  loaded and its graph is rebuilt by the backend, which loads every piece
+  from the cache: no Dynamo trace.
 - **Cold**: the call is captured with Dynamo's ahead-of-time compile (one
   full graph), the pieces are compiled as usual, and the output is saved.
   A model with a graph break cannot be captured: that is logged with the
@@ -295,14 +297,17 @@ class AotStart:
         files = value.get("files")
         if not isinstance(files, dict) or not files:
             return None, "the ahead-of-time entry lists no traced files"
-        changed = self._changed_files(files)
-        if changed:
-            return None, f"traced source file changed: {changed}"
+        # Verified before any module it names is looked up: finding a module
+        # imports its parent packages, so an entry that fails its checksum
+        # never gets to make this process import anything.
         data = mc.artifacts.load(value.get("handle"))
         if data is None:
             self.backend.count("num_corrupt_artifacts")
             _log.warning("fxpiece: the ahead-of-time entry is missing or corrupt; tracing again")
             return None, "the ahead-of-time entry is missing or corrupt"
+        changed = self._changed_files(files)
+        if changed:
+            return None, f"traced source file changed: {changed}"
         try:
             return aot.deserialize(data, fn.__globals__, self.backend.rebuild), ""
         except UntrustedCacheError:

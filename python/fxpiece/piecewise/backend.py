@@ -577,7 +577,7 @@ class Backend:
             path = str(mc.layout.lease_path(w.digest))
             ttl = self.config.lease_ttl
             try:
-                ensure_private_dir(mc.layout.locks_dir)
+                mc.ensure_locks_dir()
                 lease = Lease.try_take(path, ttl=ttl)
             except OSError:
                 return None  # the second pass compiles it without a lease
@@ -674,13 +674,15 @@ class Backend:
             self.count("num_cache_misses")
             return self._compile(replace(w, ctx=replace(w.ctx, store=None)), None)
         try:
-            ensure_private_dir(mc.layout.locks_dir)
+            mc.ensure_locks_dir()
             outcome = acquire_or_wait(
                 str(mc.layout.lease_path(w.digest)),
                 ttl=self.config.lease_ttl,
                 timeout=self.config.lock_timeout,
                 poll=lambda: self._poll(w, mc),
             )
+        except UntrustedCacheError:
+            raise  # locks/ is a symlink or another user's: refused, never followed
         except OSError as e:  # locks/ is a file, not writable, ...
             _log.warning("fxpiece: no compile lease (%s); compiling without one", e)
             self.count("num_cache_misses")
@@ -805,13 +807,14 @@ class Backend:
         """Compile one planned entry and record it in ``mc``'s index (if any)."""
         return self._compile(w, mc)
 
-    def slot_folder(self, mc: ModelCache | None) -> Path | None:
-        """Where this host's compile slots are: under the cache root
-        (``locks/slots/<host>``) when the cache is written; ``None`` (no
-        bound) when this process shares no cache with others (disabled or
-        read-only: it compiles in memory, alone)."""
+    def slot_folder(self, mc: ModelCache | None) -> tuple[Path, Path] | None:
+        """Where this host's compile slots are, as ``(base, folder)``: under
+        the cache root (``locks/slots/<host>``, every level below the root
+        checked before anything is created in it) when the cache is written;
+        ``None`` (no bound) when this process shares no cache with others
+        (disabled or read-only: it compiles in memory, alone)."""
         if mc is not None and not mc.readonly:
-            return mc.layout.locks_dir / "slots" / this_host()
+            return mc.layout.root, mc.layout.locks_dir / "slots" / this_host()
         return None
 
     def parallel_compiles(self) -> int:
@@ -823,12 +826,16 @@ class Backend:
         self.stats.max_parallel_compiles = n
         return n
 
-    def _slots_for(self, folder: Path | None) -> CompileSlots | None:
-        """The slots in ``folder`` (``None``: no folder, or it is unusable)."""
-        if folder is None:
+    def _slots_for(self, place: tuple[Path, Path] | None) -> CompileSlots | None:
+        """The slots in ``place`` (:meth:`slot_folder`; ``None``: no folder,
+        or it is unusable)."""
+        if place is None:
             return None
+        base, folder = place
         if folder not in self._slots:
-            slots = CompileSlots(folder, self.parallel_compiles(), ttl=self.config.lease_ttl)
+            slots = CompileSlots(
+                folder, self.parallel_compiles(), ttl=self.config.lease_ttl, base=base
+            )
             why = slots.prepare()
             if why is not None:
                 _log.warning("fxpiece: compile slots unusable (%s); compiles are not bounded", why)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,11 @@ from fxpiece.cache.safeio import read_regular
 from fxpiece.cache.store import ArtifactStore
 from fxpiece.cache.trust import check_tree, ensure_private_under
 from fxpiece.context import validate_path_part
+from fxpiece.errors import CacheError
 
 __all__ = ["ModelCache"]
+
+_log = logging.getLogger("fxpiece")
 
 
 class ModelCache:
@@ -43,7 +47,9 @@ class ModelCache:
         if not readonly:
             ensure_private_under(layout.root, index, trust=trust)
         self.index = CacheIndex(str(index), readonly=readonly)
-        self.artifacts = ArtifactStore(layout, readonly=readonly, trust=trust)
+        self.artifacts = ArtifactStore(
+            layout, readonly=readonly, trust=trust, on_quarantine=self._drop_entries
+        )
 
     def _check_trusted(self, index: Path) -> None:
         """Every folder code or entries are loaded from, the files of the
@@ -61,6 +67,28 @@ class ModelCache:
     @property
     def root(self) -> Path:
         return self.layout.root
+
+    def quarantine(self, handle: Any) -> bool:
+        """Move aside the artifact ``handle`` names (an entry that verified
+        but does not load) and drop this model's index entries that point at
+        it, in one step (:meth:`ArtifactStore.quarantine`): it is reported
+        once, and what needs it is rebuilt. Whether anything was moved."""
+        rel = handle.get("artifact") if isinstance(handle, dict) else None
+        if not isinstance(rel, str) or not self.layout.is_artifact_rel(rel):
+            return False
+        return self.artifacts.quarantine(self.layout.digest_of_artifact(rel)) is not None
+
+    def _drop_entries(self, rel: str) -> None:
+        """Drop the index entries whose handle points at ``rel`` (just moved
+        aside), as they are now."""
+        try:
+            self.index.refresh()
+            for key, value in self.index.entries():
+                handle = value.get("handle") if isinstance(value, dict) else None
+                if isinstance(handle, dict) and handle.get("artifact") == rel:
+                    self.index.remove(key)
+        except CacheError as e:
+            _log.warning("fxpiece: could not drop the index entries of %s: %s", rel, e)
 
     def ensure_locks_dir(self) -> Path:
         """``locks/``, created private after its levels are checked (a

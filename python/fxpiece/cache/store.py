@@ -4,16 +4,30 @@ An artifact lives at ``artifacts/<2 hex>/<digest>`` (see
 :class:`~fxpiece.cache.layout.CacheLayout`); the digest names what the
 artifact *means* (:func:`fxpiece.cache.keys.artifact_digest`). The file is
 
-    FXPIECE-ARTIFACT v1 blake3=<hex> len=<n>\\n<payload>
+    FXPIECE-ARTIFACT v2 digest=<hex> blake3=<hex> len=<n>\\n<payload>
 
-so any reader can check it on its own, and its checksum is also kept in the
-index handle. Artifacts are **created if absent, never replaced**: a writer
-that finds a valid artifact under the digest keeps it (compiles of one
-meaning may differ byte for byte; the first one stays, so every index entry
-that points at it stays valid); a corrupt one is moved aside first. Loads
-read the bytes once (no symlink, FIFO or device is followed), verify them in
-memory and hand the verified bytes on: nothing can swap the file between
-check and use.
+so any reader can check it on its own: ``blake3`` is the checksum of the
+payload (also kept in the index handle) and ``digest`` the digest it was
+stored under. Every read checks that digest against the path the file was
+found at (by a handle, by digest, by ``fxpiece cache verify``): a file moved
+or copied to another digest's path is corrupt, moved aside and never used,
+so one meaning's code never runs for another's. A ``v1`` file (written
+before the digest was recorded: ``FXPIECE-ARTIFACT v1 blake3=<hex>
+len=<n>``) is bound only by the index handles that recorded its checksum:
+it loads through such a handle, and is absent to a lookup by digest alone
+(:meth:`ArtifactStore.existing`; :meth:`ArtifactStore.put` moves it aside
+and stores its own).
+
+Artifacts are **created if absent, never replaced**: a writer that finds a
+valid artifact under the digest keeps it (compiles of one meaning may differ
+byte for byte; the first one stays, so every index entry that points at it
+stays valid); a corrupt or ``v1`` one is moved aside first. Anything moved
+aside goes through :meth:`ArtifactStore.quarantine`, which tells the
+store's owner (:class:`~fxpiece.cache.model.ModelCache` drops its index
+entries that point at the file, so it is reported once). Loads read the
+bytes once (no symlink, FIFO or device is followed), verify them in memory
+and hand the verified bytes on: nothing can swap the file between check and
+use.
 """
 
 from __future__ import annotations
@@ -23,7 +37,8 @@ import errno
 import os
 import re
 import secrets
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +49,23 @@ from fxpiece.cache.trust import check_stat, check_trusted, ensure_private_dir
 from fxpiece.errors import CacheError, CorruptArtifactError, UntrustedCacheError
 from fxpiece.hashing import hash_factors
 
-__all__ = ["ARTIFACT_LIMIT", "ArtifactStore", "checksum", "parse_artifact", "quarantine"]
+__all__ = [
+    "ARTIFACT_LIMIT",
+    "Artifact",
+    "ArtifactStore",
+    "checksum",
+    "decode_artifact",
+    "encode_artifact",
+    "parse_artifact",
+    "quarantine",
+]
 
 ARTIFACT_LIMIT = 4 << 30
 """Largest artifact read (bytes); anything bigger under ``artifacts/`` is hostile."""
-_MAGIC = b"FXPIECE-ARTIFACT v1 "
-_HEADER = re.compile(rb"^FXPIECE-ARTIFACT v1 blake3=([0-9a-f]{64}) len=(\d{1,20})\n")
+_HEADER = re.compile(
+    rb"^FXPIECE-ARTIFACT (?:v1|v2 digest=([0-9a-f]{1,128})) blake3=([0-9a-f]{64}) len=(\d{1,20})\n"
+)
+_DIGEST = re.compile(r"[0-9a-f]{1,128}")
 
 
 def checksum(payload: bytes) -> str:
@@ -48,18 +74,41 @@ def checksum(payload: bytes) -> str:
     return hash_factors(payload)
 
 
-def encode_artifact(payload: bytes) -> bytes:
-    return b"%sblake3=%s len=%d\n%s" % (_MAGIC, checksum(payload).encode(), len(payload), payload)
+def encode_artifact(payload: bytes, digest: str | None = None) -> bytes:
+    """The file bytes of an artifact stored under ``digest`` (``v2``);
+    without a digest, the legacy ``v1`` form (no longer written by the
+    store: it is what caches written before ``v2`` hold)."""
+    head = b"FXPIECE-ARTIFACT v1 "
+    if digest is not None:
+        if not _DIGEST.fullmatch(digest):
+            raise ValueError(f"an artifact digest is 1-128 lowercase hex digits, not {digest!r}")
+        head = b"FXPIECE-ARTIFACT v2 digest=%s " % digest.encode()
+    return b"%sblake3=%s len=%d\n%s" % (head, checksum(payload).encode(), len(payload), payload)
 
 
-def parse_artifact(data: bytes, where: str) -> tuple[bytes, str]:
-    """``(payload, checksum)`` of an artifact file's bytes; raises
-    :class:`~fxpiece.errors.CorruptArtifactError` saying what is wrong."""
-    m = _HEADER.match(data[:128])
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """A verified artifact file."""
+
+    payload: bytes
+    checksum: str
+    """BLAKE3 of the payload (what index handles record)."""
+    digest: str | None
+    """The digest the header binds it to; ``None`` for a ``v1`` file (bound
+    only by the index handles that recorded its checksum)."""
+
+
+def decode_artifact(data: bytes, where: str, digest: str | None = None) -> Artifact:
+    """Verify an artifact file's bytes (header, length, checksum and, when
+    ``digest`` names the digest it was found under, that its header records
+    that very digest); raises :class:`~fxpiece.errors.CorruptArtifactError`
+    saying what is wrong."""
+    m = _HEADER.match(data[: 128 + 160])
     if m is None:
         raise CorruptArtifactError(errno.EINVAL, f"{where}: no fxpiece artifact header", where)
     payload = data[m.end() :]
-    want = int(m.group(2))
+    del data  # a caller's only reference (ArtifactStore): freed before the checksum copies
+    want = int(m.group(3))
     if len(payload) != want:
         raise CorruptArtifactError(
             errno.EINVAL,
@@ -67,9 +116,24 @@ def parse_artifact(data: bytes, where: str) -> tuple[bytes, str]:
             where,
         )
     got = checksum(payload)
-    if got != m.group(1).decode():
+    if got != m.group(2).decode():
         raise CorruptArtifactError(errno.EINVAL, f"{where}: checksum mismatch", where)
-    return payload, got
+    bound = None if m.group(1) is None else m.group(1).decode()
+    if digest is not None and bound is not None and bound != digest:
+        raise CorruptArtifactError(
+            errno.EINVAL,
+            f"{where}: stored under digest {digest[:16]}.. but written for {bound[:16]}.. "
+            "(moved or copied from another digest's path)",
+            where,
+        )
+    return Artifact(payload, got, bound)
+
+
+def parse_artifact(data: bytes, where: str, digest: str | None = None) -> tuple[bytes, str]:
+    """``(payload, checksum)`` of an artifact file's bytes (see
+    :func:`decode_artifact`, which also tells a ``v1`` file)."""
+    art = decode_artifact(data, where, digest)
+    return art.payload, art.checksum
 
 
 def quarantine(path: Path) -> Path | None:
@@ -97,6 +161,9 @@ class ArtifactStore:
     """Never write, move or touch anything (``cache_readonly``)."""
     trust: bool = False
     """Load artifacts that other users own or can write (``allow_untrusted_cache``)."""
+    on_quarantine: Callable[[str], None] | None = field(default=None, compare=False)
+    """Called with the relative path (``artifacts/<2 hex>/<digest>``) of each
+    artifact this store moved aside (see :meth:`quarantine`)."""
 
     @property
     def root(self) -> Path:
@@ -105,9 +172,23 @@ class ArtifactStore:
     def _handle(self, digest: str, payload_sum: str, size: int) -> dict[str, Any]:
         return {"artifact": self.layout.artifact_rel(digest), "blake3": payload_sum, "size": size}
 
-    def read(self, digest: str) -> tuple[bytes, str] | None:
-        """``(payload, checksum)`` of the stored artifact, ``None`` if there is
-        none; a corrupt or hostile file is moved aside and ``None`` returned."""
+    def quarantine(self, digest: str) -> Path | None:
+        """Move the file stored under ``digest`` aside (never in a read-only
+        store) and tell :attr:`on_quarantine`, so the index entries that
+        point at it go in the same step: the one way anything under
+        ``artifacts/`` is moved aside while the cache is used. Where it
+        went, or ``None`` if nothing was moved."""
+        if self.readonly:
+            return None
+        aside = quarantine(self.layout.artifact_path(digest))
+        if aside is not None and self.on_quarantine is not None:
+            self.on_quarantine(self.layout.artifact_rel(digest))
+        return aside
+
+    def _read(self, digest: str) -> Artifact | CorruptArtifactError | None:
+        """The verified artifact stored under ``digest`` (``v1`` too), ``None``
+        if there is none, or the error that made a corrupt, hostile or
+        misplaced file move aside."""
         path = self.layout.artifact_path(digest)
         check = None
         if not self.trust:
@@ -117,22 +198,56 @@ class ArtifactStore:
                 check_stat(path, st, "cached artifact")
 
         try:
-            data = read_regular(path, ARTIFACT_LIMIT + 256, check)
-            return parse_artifact(data, str(path))
+            # No local: decode_artifact drops the file's bytes once sliced.
+            return decode_artifact(
+                read_regular(path, ARTIFACT_LIMIT + 256, check), str(path), digest
+            )
         except (FileNotFoundError, NotADirectoryError):
             return None
         except UntrustedCacheError:
             raise
-        except CacheError:
-            if not self.readonly:
-                quarantine(path)
+        except CacheError as e:
+            self.quarantine(digest)
+            return CorruptArtifactError(e.errno or errno.EINVAL, e.strerror or str(e), str(path))
+
+    def read(self, digest: str) -> tuple[bytes, str] | None:
+        """``(payload, checksum)`` of the artifact stored under ``digest``,
+        ``None`` if there is none or it is a ``v1`` file (not bound to its
+        digest: left alone); a corrupt, hostile or misplaced file is moved
+        aside and ``None`` returned."""
+        have = self._read(digest)
+        if not isinstance(have, Artifact) or have.digest is None:
             return None
+        return have.payload, have.checksum
+
+    def lookup(self, digest: str) -> tuple[dict[str, Any] | None, bool]:
+        """``(handle, corrupt)``: the handle of the valid artifact stored
+        under ``digest`` (by any model, any process; ``None`` if there is
+        none or it is a ``v1`` file), and whether a corrupt or misplaced file
+        was found there instead (moved aside: count it)."""
+        have = self._read(digest)
+        if not isinstance(have, Artifact):
+            return None, have is not None
+        if have.digest is None:
+            return None, False
+        return self._handle(digest, have.checksum, len(have.payload)), False
 
     def existing(self, digest: str) -> dict[str, Any] | None:
         """The handle of the valid artifact stored under ``digest`` (by any
-        model, any process), or ``None``."""
-        have = self.read(digest)
-        return None if have is None else self._handle(digest, have[1], len(have[0]))
+        model, any process), or ``None`` (see :meth:`lookup`)."""
+        return self.lookup(digest)[0]
+
+    def _keep_or_clear(self, digest: str) -> dict[str, Any] | None:
+        """The handle of the valid artifact bound to ``digest``, if any; a
+        ``v1`` file there is moved aside (it is replaced, never trusted by
+        digest alone), a corrupt one already is."""
+        have = self._read(digest)
+        if not isinstance(have, Artifact):
+            return None
+        if have.digest is None:
+            self.quarantine(digest)
+            return None
+        return self._handle(digest, have.checksum, len(have.payload))
 
     def put(self, digest: str, payload: bytes) -> dict[str, Any]:
         """Store ``payload`` under ``digest`` unless a valid artifact is
@@ -140,7 +255,7 @@ class ArtifactStore:
         is stored. Written temp + fsync + link (never replacing a file)."""
         if self.readonly:
             raise CacheError(errno.EROFS, "the cache is read-only", str(self.root))
-        have = self.existing(digest)
+        have = self._keep_or_clear(digest)
         if have is not None:
             return have
         path = self.layout.artifact_path(digest)
@@ -149,7 +264,7 @@ class ArtifactStore:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
-                view = memoryview(encode_artifact(payload))
+                view = memoryview(encode_artifact(payload, digest))
                 while view:
                     view = view[os.write(fd, view) :]
                 os.fsync(fd)
@@ -159,10 +274,10 @@ class ArtifactStore:
                 os.link(tmp, path)
             except FileExistsError:
                 # Another writer stored this digest first: keep theirs.
-                theirs = self.read(digest)
+                theirs = self._keep_or_clear(digest)
                 if theirs is not None:
-                    return self._handle(digest, theirs[1], len(theirs[0]))
-                os.link(tmp, path)  # theirs was corrupt and is now aside
+                    return theirs
+                os.link(tmp, path)  # theirs was corrupt or v1 and is now aside
             _fsync_dir(folder)
         except OSError as e:
             raise CacheError(
@@ -177,22 +292,26 @@ class ArtifactStore:
 
     def load(self, handle: Any) -> bytes | None:
         """The verified payload of the artifact a handle names, or ``None``
-        (absent, corrupt: moved aside, or not what the handle recorded), so
-        the piece is compiled again."""
+        (absent, corrupt or stored under another digest: moved aside, or not
+        what the handle recorded), so the piece is compiled again."""
         if not isinstance(handle, dict) or not self.layout.is_artifact_rel(handle.get("artifact")):
             return None
         digest = self.layout.digest_of_artifact(handle["artifact"])
-        have = self.read(digest)
-        if have is None:
+        have = self._read(digest)
+        if not isinstance(have, Artifact):
             return None
-        if have[1] != handle.get("blake3"):
-            # Artifacts are never replaced, so this one was swapped after it
-            # was recorded: move it aside so the recompile can store its own.
-            if not self.readonly:
-                quarantine(self.layout.artifact_path(digest))
+        if have.checksum != handle.get("blake3"):
+            if have.digest is None:
+                # A v1 file is bound to its digest by the handle alone: one
+                # that does not match was swapped after it was recorded.
+                # Move it aside so the recompile can store its own.
+                self.quarantine(digest)
+            # (A v2 file bound to this digest is another compile of the same
+            # meaning, stored after a v1 or corrupt one was moved aside: it
+            # stays; the recompile records its handle.)
             return None
         self.touch(self.layout.artifact_path(digest))
-        return have[0]
+        return have.payload
 
     def touch(self, path: Path) -> None:
         """Record a use (``fxpiece cache prune`` removes least recently used first)."""

@@ -54,7 +54,7 @@ import fxpiece
 from fxpiece.cache.keys import AOT_TAG_SUFFIX, aot_key, factors_key
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.model import ModelCache
-from fxpiece.cache.store import checksum, quarantine
+from fxpiece.cache.store import checksum
 from fxpiece.cache.trust import ensure_private_dir
 from fxpiece.errors import CacheError, UntrustedCacheError
 from fxpiece.hashing import hash_files_report
@@ -336,15 +336,12 @@ class AotStart:
 
     def _quarantine(self, mc: ModelCache, n: int, value: Mapping[str, Any]) -> None:
         """Move aside an entry that verified but does not load (torch cannot
-        read it), so the next capture can store its own."""
+        read it), with the index entries that point at it
+        (:meth:`ModelCache.quarantine`), so the next capture can store its own."""
         self.backend.count("num_corrupt_artifacts")
-        handle = value.get("handle")
-        if mc.readonly or not isinstance(handle, dict):
+        if mc.readonly or mc.quarantine(value.get("handle")):
             return
-        rel = handle.get("artifact")
-        if isinstance(rel, str) and mc.layout.is_artifact_rel(rel):
-            quarantine(mc.layout.artifact_path(mc.layout.digest_of_artifact(rel)))
-        try:
+        try:  # nothing to move (no artifact handle): the entry still goes
             mc.index.remove(aot_key(n))
         except CacheError as e:
             _log.warning("fxpiece: could not drop the ahead-of-time entry: %s", e)

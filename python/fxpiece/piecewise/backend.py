@@ -43,7 +43,13 @@ from fxpiece.cache.trust import ensure_private_dir
 from fxpiece.config import CompileConfig
 from fxpiece.context import current_model_tag
 from fxpiece.counters import counters
-from fxpiece.errors import CacheError, CacheMissError, ConfigError, UntrustedCacheError
+from fxpiece.errors import (
+    CacheError,
+    CacheMissError,
+    ConfigError,
+    CorruptArtifactError,
+    UntrustedCacheError,
+)
 from fxpiece.piecewise import _torch_compat
 from fxpiece.piecewise._torch_compat import aot
 from fxpiece.piecewise.compilers import make_compiler
@@ -503,6 +509,8 @@ class Backend:
             if not isinstance(digest, str) or digest in self._unpacked:
                 continue
             self._unpacked.add(digest)  # a bad bundle is reported once
+            # A corrupt bundle is moved aside with the index entries that
+            # point at it (ModelCache.quarantine): reported by one start only.
             payload = mc.artifacts.load(value.get("handle"))
             if payload is None:
                 self.count("num_corrupt_artifacts")
@@ -512,6 +520,10 @@ class Backend:
                 continue
             try:
                 self.kernel_dir.unpack(payload, delta=key != KERNELS_KEY)
+            except CorruptArtifactError as e:  # verified, but no bundle inside
+                self.count("num_corrupt_artifacts")
+                mc.quarantine(value.get("handle"))
+                _log.warning("fxpiece: %s; moved aside, kernels are rebuilt", e)
             except CacheError as e:
                 self.count("num_corrupt_artifacts")
                 _log.warning("fxpiece: %s; kernels are rebuilt", e)
@@ -741,9 +753,19 @@ class Backend:
             self._restore_kernels(mc)
         shared = None
         if not isinstance(value, dict) or value.get("digest") != w.digest:
-            # Another graph or model may have stored this very digest.
-            shared = mc.artifacts.existing(w.digest)
+            # Another graph or model may have stored this very digest (an
+            # artifact is bound to the digest it is stored under: a file
+            # moved there from another digest's path is corrupt).
+            shared, corrupt = mc.artifacts.lookup(w.digest)
             if shared is None:
+                if corrupt:
+                    self.count("num_corrupt_artifacts")
+                    _log.warning(
+                        "fxpiece: the stored artifact for piece %d %s is corrupt or not "
+                        "the one stored under its digest; moved aside, recompiling",
+                        w.item.index,
+                        w.entry,
+                    )
                 return None
             value = {"digest": w.digest, "handle": shared}
         t0 = time.perf_counter()
@@ -760,6 +782,9 @@ class Backend:
                 type(e).__name__,
                 e,
             )
+            # It verified but does not load: moved aside with the entries
+            # that point at it, so the recompile stores its own.
+            mc.quarantine(value.get("handle"))
             fn = None
         if fn is None:
             self.count("num_corrupt_artifacts")

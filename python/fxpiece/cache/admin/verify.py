@@ -4,8 +4,10 @@ An artifact is checked the way the backend loads it
 (:meth:`~fxpiece.cache.store.ArtifactStore.load`): read once with
 :func:`~fxpiece.cache.safeio.read_regular` (never a FIFO, symlink, device or
 oversized file), its header, length and checksum verified by
-:func:`~fxpiece.cache.store.parse_artifact`, and its checksum compared with
-the ``blake3`` of every index entry that references it.
+:func:`~fxpiece.cache.store.parse_artifact` (with the digest its header
+records, ``v2``, equal to the digest of the path it is stored under), and its
+checksum compared with the ``blake3`` of every index entry that references
+it (what binds a ``v1`` file, which records no digest).
 """
 
 from __future__ import annotations
@@ -139,7 +141,7 @@ def artifact_fault(layout: CacheLayout, rel: str, refs: Sequence[Ref]) -> tuple[
     if not data:
         return "empty (0 bytes)", 0
     try:
-        _payload, got = parse_artifact(data, rel)
+        _payload, got = parse_artifact(data, rel, CacheLayout.digest_of_artifact(rel))
     except CacheError as e:
         return _reason(e, Path(rel)), len(data)
     for r in refs:

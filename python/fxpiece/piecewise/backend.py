@@ -57,6 +57,7 @@ from fxpiece.piecewise.dispatch import PieceRunner, token_symbol
 from fxpiece.piecewise.factors import make_key_factors, saved_key_factors
 from fxpiece.piecewise.interface import CompilerInterface
 from fxpiece.piecewise.kernels import HEADERS_SUBDIR, KernelDir
+from fxpiece.piecewise.layouts import eager_piece
 from fxpiece.piecewise.ops import resolve_splitting_ops
 from fxpiece.piecewise.plan import PieceInputs, PiecePlan, Work, fake_inputs, plan_piece
 from fxpiece.piecewise.private_dirs import headers_dir, untrusted
@@ -370,8 +371,9 @@ class Backend:
                 split_gm.__dict__[plan.item.name] = runner.call
         for it in items:
             if it.is_splitting_graph:
-                # The eager piece's own code, without nn.Module's call machinery.
-                split_gm.__dict__[it.name] = it.graph.forward
+                # The eager piece's own code, without nn.Module's call machinery,
+                # its outputs in the layouts the compiled pieces expect.
+                split_gm.__dict__[it.name] = eager_piece(it.graph)
         if mc is not None and not mc.readonly:
             self._save_kernels(mc)
         gstats.compile_s = sum(p.compile_s for p in gstats.pieces)

@@ -538,12 +538,20 @@ class Backend:
     def _save_kernels(self, mc: ModelCache) -> None:
         """Store what Inductor built or rebuilt for this graph outside the
         pieces' own bundles, if anything."""
-        self._store_kernels(mc, KERNELS_KEY, self.kernel_dir.bundle())
+        self._store_kernels(mc, KERNELS_KEY, self.kernel_dir.bundle)
 
-    def _store_kernels(self, mc: ModelCache, key: IndexKey, payload: bytes | None) -> None:
-        if payload is None or mc.readonly:
+    def _store_kernels(
+        self, mc: ModelCache, key: IndexKey, pack: Callable[[], bytes | None]
+    ) -> None:
+        """Pack (``pack``: the kernel folder's bundle or delta) and store a
+        kernel bundle; a failure to pack or store it is a warning, never a
+        failed compile (the kernels are rebuilt by a later load)."""
+        if mc.readonly:
             return
         try:
+            payload = pack()
+            if payload is None:
+                return
             digest = kernels_digest(checksum(payload))
             handle = mc.artifacts.put(digest, payload)
             mc.index.insert(key, {"digest": digest, "handle": handle})
@@ -902,7 +910,7 @@ class Backend:
         self.count("num_inductor_compiles" if self.compiler.is_inductor else "num_eager_compiles")
         if mc is not None and result.handle is not None:
             # The kernels first: whoever sees the piece's entry finds them.
-            self._store_kernels(mc, piece_kernels_key(w.key), self.kernel_dir.delta())
+            self._store_kernels(mc, piece_kernels_key(w.key), self.kernel_dir.delta)
             if isinstance(result.handle, dict) and "artifact" in result.handle:
                 self.count("num_compiled_artifacts_saved")
             try:

@@ -17,8 +17,16 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 # Builds the Rust extension (maturin) and installs fxpiece with torch and the dev tools.
-install: $(PY)
+install: $(PY) redis
 	$(PY) -m pip install --quiet -e ".[dev]"
+
+# The real redis-server the remote-tier tests start (Debian's package), installed when missing.
+.PHONY: redis
+redis:
+	@command -v redis-server >/dev/null || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -q && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server; }
 
 rust-test:
 	cargo test --release

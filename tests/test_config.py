@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -419,3 +420,120 @@ def test_global_counters_is_a_counters() -> None:
         pass
     with pytest.raises(AttributeError):
         _ = fxpiece.counters.no_such_counter
+
+
+# -- cache key pin -------------------------------------------------------------
+# The config part of the cache key must stay byte-identical (a warm start from
+# a cache written before config_factors was generated from field metadata must
+# still hit). The literals below were computed by the hand-written
+# config_factors of commit a74a935, on torch 2.15 and 2.9.1 alike.
+
+
+class _FixedPass(fxpiece.InductorPass):
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        pass
+
+    def uuid(self) -> str:
+        return "fixed-pass-v1"
+
+
+class _Hook:
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        pass
+
+    def uuid(self) -> str:
+        return "hook-v3"
+
+
+class _MyCompiler(fxpiece.CompilerInterface):
+    name = "my-compiler"
+
+    def compile(self, *args: Any) -> Any:  # type: ignore[override]
+        raise NotImplementedError
+
+
+def _pinned_configs() -> dict[str, CompileConfig]:
+    return {
+        "default": CompileConfig(),
+        "full": CompileConfig(
+            splitting_ops=[SDPA, ATTENTION_OP, "aten::mm.default", "aten::addmm"],
+            compile_ranges_endpoints=[32, 8],
+            max_num_tokens=256,
+            compile_sizes=[16, 4, 64],
+            compiler="eager",
+            cache_dir="/tmp/x",
+            disable_cache=True,
+            inductor_config={
+                "max_autotune": True,
+                "max_autotune_gemm_backends": "ATEN,TRITON",
+                "post_grad_custom_post_pass": _Hook(),
+                "cpp.threads": 4,
+            },
+            post_grad_passes=[_FixedPass()],
+            model_tag="enc",
+            use_inductor_graph_partition=True,
+            strict=True,
+            cache_readonly=True,
+            require_cache_hit=True,
+            allow_untrusted_cache=True,
+            lock_timeout=5.0,
+            lease_ttl=2.0,
+            max_parallel_compiles=3,
+            static_graph_wrapper=lambda f, i, e: f,
+            dynamic="backed",
+            aot=False,
+        ),
+        "sizes": CompileConfig(
+            compile_sizes=[1, 2, 8192],
+            compiler="inductor-fx-cache",
+            dynamic="unbacked",
+            splitting_ops=ATTENTION_OP,
+        ),
+        "custom_compiler": CompileConfig(
+            compiler=_MyCompiler(), compile_ranges_endpoints=[1], max_num_tokens=4
+        ),
+    }
+
+
+_PINNED_FACTORS: dict[str, tuple[str, str]] = {
+    "default": (
+        '{"splitting_ops": [], "compile_entries": [[1, 8192]], "compiler": "inductor", '
+        '"inductor_config": {}, "post_grad_passes": [], '
+        '"use_inductor_graph_partition": false, "dynamic": "unbacked"}',
+        "ee7a59fc6d2e492641c990133048a77816203d03e3557aa22e7e79e359f58c16",
+    ),
+    "full": (
+        '{"splitting_ops": ["aten::addmm", "aten::mm.default", "fxpiece_toy::attention", '
+        '"torch.nn.functional.scaled_dot_product_attention"], "compile_entries": [[1, 8], '
+        '[9, 32], [33, 256], [4, 4], [16, 16], [64, 64]], "compiler": "eager", '
+        '"inductor_config": {"cpp.threads": 4, "max_autotune": true, '
+        '"max_autotune_gemm_backends": "ATEN,TRITON", "post_grad_custom_post_pass": '
+        '{"uuid": "hook-v3"}}, "post_grad_passes": ["fixed-pass-v1"], '
+        '"use_inductor_graph_partition": true, "dynamic": "backed"}',
+        "b255854dcf4bf537f47eb30dc666f9df846adb42d24995cc5ac872bc41de9d88",
+    ),
+    "sizes": (
+        '{"splitting_ops": ["fxpiece_toy::attention"], "compile_entries": [[1, 8192], '
+        '[1, 1], [2, 2], [8192, 8192]], "compiler": "inductor-fx-cache", '
+        '"inductor_config": {}, "post_grad_passes": [], '
+        '"use_inductor_graph_partition": false, "dynamic": "unbacked"}',
+        "d4273644520d7491472720a75cd9d37c15735786ab9e2d6c38fa4ccbaaeca538",
+    ),
+    "custom_compiler": (
+        '{"splitting_ops": [], "compile_entries": [[1, 1], [2, 4]], "compiler": '
+        '"my-compiler", "inductor_config": {}, "post_grad_passes": [], '
+        '"use_inductor_graph_partition": false, "dynamic": "unbacked"}',
+        "ee83ab1664c5fa7667f97a3d87a443d2804c1e2ab82bb3edbf403359253a86cd",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_PINNED_FACTORS))
+def test_config_factors_are_pinned(name: str) -> None:
+    from fxpiece.hashing import hash_factors
+    from fxpiece.piecewise.factors import config_factors
+
+    want_json, want_hash = _PINNED_FACTORS[name]
+    got = config_factors(_pinned_configs()[name])
+    assert json.dumps(got) == want_json  # same factors, same order
+    assert hash_factors(got) == want_hash

@@ -7,7 +7,7 @@
 >>> CompileConfig(max_num_tokens=0)
 Traceback (most recent call last):
 ...
-fxpiece.errors.ConfigError: max_num_tokens: must be an int >= 1, got 0
+fxpiece.errors.ConfigError: max_num_tokens: must be an int in [1, 2147483647], got 0
 """
 
 from __future__ import annotations

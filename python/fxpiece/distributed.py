@@ -10,8 +10,18 @@ its compile built, so no rank rebuilds those kernels. All ranks take part in
 every collective, so none waits on one alone, and afterwards every rank loads
 every piece from its own cache.
 
->>> # in each rank, after torch.distributed.init_process_group("gloo"):
->>> # model = fxpiece.compile(model, config, backend_cls=DistributedBackend)
+In each rank, after ``torch.distributed.init_process_group`` (here a job of
+one rank):
+
+>>> import tempfile, torch, torch.distributed as dist, fxpiece
+>>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+>>> config = fxpiece.CompileConfig(compiler="eager", cache_dir=tempfile.mkdtemp())
+>>> model = fxpiece.compile(torch.nn.Linear(4, 4), config, backend_cls=DistributedBackend)
+>>> model(torch.ones(3, 4)).shape
+torch.Size([3, 4])
+>>> model.start.path  # its ranks build at the same point: Dynamo traces on every start
+'dynamo'
+>>> dist.destroy_process_group()
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ bytes; anything else raises :class:`~fxpiece.errors.HostileFileError`.
 
 >>> import os, tempfile
 >>> d = tempfile.mkdtemp(); fifo = os.path.join(d, "f"); os.mkfifo(fifo)
->>> read_regular(fifo, 10)
+>>> read_regular(fifo, 10)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-fxpiece.errors.HostileFileError: [Errno 22] ... is a FIFO, not a regular file
+fxpiece.errors.HostileFileError: [Errno 22] .../f is a FIFO, not a regular file: ...
 """
 
 from __future__ import annotations

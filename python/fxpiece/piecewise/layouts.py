@@ -13,7 +13,7 @@ fake is not dense (a view into another tensor) is left alone.
 >>> import torch
 >>> fake = torch.empty(1, 4, 7, 16)               # what the trace recorded: contiguous
 >>> orders = output_orders(fake)
->>> real = torch.empty(1, 7, 4, 16).transpose(1, 2)  # what the kernel returned
+>>> real = torch.randn(1, 7, 4, 16).transpose(1, 2)  # what the kernel returned
 >>> fixed = conform(real, orders[0])
 >>> fixed.stride(), torch.equal(fixed, real), conform(fixed, orders[0]) is fixed
 ((448, 112, 16, 1), True, True)

@@ -14,6 +14,12 @@ Every exception also subclasses a standard one so callers can catch broadly:
 - :class:`UntrustedCacheError` (``CacheError``): another user could write
   where fxpiece loads code from.
 - :class:`CacheMissError` (``CacheError``): ``require_cache_hit`` and a miss.
+- :class:`RemoteUnavailableError` (``CacheError``): the remote cache tier
+  (Redis) could not be used: unreachable, too slow (a timeout), full, or it
+  answered with an error; ``filename`` names the server (no password). Warn
+  once and compile locally.
+- :class:`BlobTooLargeError` (``CacheError``): a blob over the remote tier's
+  size limit, refused before it is sent or read.
 - :class:`ConfigError` (``ValueError``): a configuration field is invalid; the
   message names the field and the fix.
 - :class:`SizeOutOfRangeError` (``ValueError``): under ``strict``, a token
@@ -27,6 +33,7 @@ The native core (``fxpiece._native``) raises these very classes.
 from __future__ import annotations
 
 __all__ = [
+    "BlobTooLargeError",
     "CacheError",
     "CacheMissError",
     "CacheWarning",
@@ -37,6 +44,7 @@ __all__ = [
     "HostileFileError",
     "LockTimeoutError",
     "NotRunnableError",
+    "RemoteUnavailableError",
     "SizeOutOfRangeError",
     "UntrustedCacheError",
 ]
@@ -74,6 +82,18 @@ class UntrustedCacheError(CacheError):
 class CacheMissError(CacheError):
     """With ``require_cache_hit``, a piece was not in the cache; the message
     names the factors that differ from the nearest cached key."""
+
+
+class RemoteUnavailableError(CacheError):
+    """The remote cache tier could not be used (unreachable, a timeout, full,
+    or an error reply); ``filename`` names the server without its password.
+    Nothing was half done that a caller must undo: fall back to the local
+    cache and compile."""
+
+
+class BlobTooLargeError(CacheError):
+    """A blob over the remote tier's size limit (``errno.EFBIG``): refused
+    before it is sent, or before more than the limit is read."""
 
 
 class ConfigError(FxpieceError, ValueError):

@@ -1,0 +1,395 @@
+"""``fxpiece cache push ROOT URL`` / ``pull ROOT URL``: copy a cache root to
+a remote store and back, for operators (seeding a fleet, warming a pod).
+
+**push** reads the root without changing it (the one scan
+:func:`~fxpiece.cache.admin.scan.scan_cache`, artifacts through
+:meth:`ArtifactStore.read <fxpiece.cache.store.ArtifactStore.read>`, which
+verifies header, length, checksum and the digest binding). Each verified
+artifact becomes the blob of its digest in its file form
+(``FXPIECE-ARTIFACT v2 digest=<hex> ...``, stored only if absent); then each
+model's index entries go into its map, an entry that names an artifact only
+once that artifact's blob is on the server. Anything not verified (corrupt,
+``v1``, missing, over the size limit) stays behind and is listed.
+
+**pull** writes through the local store's normal paths:
+each blob is checked (:func:`~fxpiece.cache.store.decode_artifact` with the
+digest it was stored under: header, length, checksum, binding) and stored
+with :meth:`ArtifactStore.put <fxpiece.cache.store.ArtifactStore.put>`
+(kept if a valid one is already there); index entries go into
+:class:`~fxpiece.cache.model.ModelCache` indexes, only where the local index
+has no entry under that key (the local tier wins), pointing at the artifact
+as stored locally. Malformed entries and blobs that fail their check are
+refused and listed. Nothing is unpickled: payloads are bytes here.
+
+Remote index fields are the index key as compact JSON (``[1,8,0,"inductor"]``),
+values the entry as JSON (UTF-8).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fxpiece.cache.admin.scan import artifact_rel, model_key, scan_cache
+from fxpiece.cache.keys import IndexKey
+from fxpiece.cache.layout import KEY_DIR_LEN, CacheLayout
+from fxpiece.cache.model import ModelCache
+from fxpiece.cache.store import ArtifactStore, decode_artifact, encode_artifact
+from fxpiece.cache.trust import ensure_private_dir
+from fxpiece.errors import BlobTooLargeError, ConfigError, CorruptArtifactError
+from fxpiece.remote.base import RemoteStore
+
+__all__ = [
+    "PullResult",
+    "PushResult",
+    "decode_entry",
+    "encode_entry",
+    "entry_field",
+    "parse_entry_field",
+    "pull_cache",
+    "push_cache",
+]
+
+
+def entry_field(key: IndexKey) -> str:
+    """The remote field of an index key.
+
+    >>> entry_field((1, 8, 0, "inductor"))
+    '[1,8,0,"inductor"]'
+    """
+    return json.dumps(list(key), separators=(",", ":"))
+
+
+def parse_entry_field(text: str) -> IndexKey | None:
+    """The index key a remote field names, or ``None`` if it names none.
+
+    >>> parse_entry_field('[1,8,0,"inductor"]'), parse_entry_field('[1,"x"]')
+    ((1, 8, 0, 'inductor'), None)
+    """
+    try:
+        k = json.loads(text)
+    except ValueError:
+        return None
+    if (
+        isinstance(k, list)
+        and len(k) == 4
+        and all(type(x) is int for x in k[:3])
+        and isinstance(k[3], str)
+    ):
+        return (k[0], k[1], k[2], k[3])
+    return None
+
+
+def encode_entry(value: Any) -> bytes:
+    """An index entry's value as stored remotely (JSON, UTF-8)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode_entry(raw: bytes) -> dict[str, Any] | None:
+    """An index entry's value from its remote form, or ``None`` if it is not
+    a JSON object."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True, slots=True)
+class PushResult:
+    """What :func:`push_cache` copied."""
+
+    root: Path
+    url: str
+    models: int
+    blobs_pushed: int
+    blobs_present: int
+    """Already on the server (the server's copy stays)."""
+    bytes_pushed: int
+    entries_pushed: int
+    entries_present: int
+    """Already on the server under the same key (left as they are)."""
+    skipped: tuple[str, ...] = ()
+    """What stayed behind, and why."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.skipped
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "url": self.url,
+            "models": self.models,
+            "blobs_pushed": self.blobs_pushed,
+            "blobs_present": self.blobs_present,
+            "bytes_pushed": self.bytes_pushed,
+            "entries_pushed": self.entries_pushed,
+            "entries_present": self.entries_present,
+            "skipped": list(self.skipped),
+            "ok": self.ok,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    """What :func:`pull_cache` wrote."""
+
+    root: Path
+    url: str
+    models: int
+    artifacts_written: int
+    artifacts_present: int
+    """Already in the root (a valid local one stays)."""
+    bytes_written: int
+    entries_written: int
+    entries_present: int
+    """The local index already had an entry under that key (it stays)."""
+    refused: tuple[str, ...] = ()
+    """What was not written, and why (failed its check, malformed, missing)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "url": self.url,
+            "models": self.models,
+            "artifacts_written": self.artifacts_written,
+            "artifacts_present": self.artifacts_present,
+            "bytes_written": self.bytes_written,
+            "entries_written": self.entries_written,
+            "entries_present": self.entries_present,
+            "refused": list(self.refused),
+            "ok": self.ok,
+        }
+
+
+def _names_artifact(value: Any) -> bool:
+    """Whether an index entry's handle names an artifact (safe or not)."""
+    handle = value.get("handle") if isinstance(value, dict) else None
+    return isinstance(handle, dict) and "artifact" in handle
+
+
+def _as_bytes(data: bytes | bytearray) -> bytes:
+    return data if isinstance(data, bytes) else bytes(data)
+
+
+# -- push -------------------------------------------------------------------------
+
+
+@dataclass
+class _Push:
+    store: RemoteStore
+    artifacts: ArtifactStore
+    on_server: set[str] = field(default_factory=set)
+    pushed: int = 0
+    present: int = 0
+    bytes: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+    def blob(self, rel: str) -> bool:
+        """Put the artifact at ``rel`` on the server unless it is there;
+        whether the server has it afterwards."""
+        digest = CacheLayout.digest_of_artifact(rel)
+        if digest in self.on_server:
+            return True
+        if self.store.has_blob(digest):
+            self.present += 1
+        else:
+            got = self.artifacts.read(digest)
+            if got is None:
+                self.skipped.append(f"{rel}: missing, corrupt or v1 (not bound to its digest)")
+                return False
+            data = encode_artifact(_as_bytes(got[0]), digest)
+            try:
+                if self.store.put_blob(digest, data):
+                    self.pushed += 1
+                    self.bytes += len(data)
+                else:
+                    self.present += 1
+            except BlobTooLargeError as e:
+                self.skipped.append(f"{rel}: {e.strerror}")
+                return False
+        self.on_server.add(digest)
+        return True
+
+
+def push_cache(root: str | os.PathLike[str], store: RemoteStore) -> PushResult:
+    """Copy every verified artifact and every index entry of the cache at
+    ``root`` to ``store`` (see the module's docs); ``root`` is not changed.
+    Raises :class:`~fxpiece.errors.RemoteUnavailableError` if the store
+    fails (what was copied until then stays: every write stands alone)."""
+    scan = scan_cache(root)
+    push = _Push(store, ArtifactStore(scan.layout, readonly=True))
+    for path in sorted(scan.artifacts):
+        push.blob(path)
+    models = entries_pushed = entries_present = 0
+    for m in scan.models:
+        key = model_key(m)
+        if len(key) <= KEY_DIR_LEN:
+            push.skipped.append(
+                f"{m.rel}: its factors file is missing or does not match the folder, so its "
+                "full key is unknown (a run of the model rewrites it)"
+            )
+            continue
+        models += 1
+        for ikey, value in m.entries:
+            rel = artifact_rel(value)
+            if rel is None and _names_artifact(value):
+                push.skipped.append(f"{m.rel} {list(ikey)}: its handle points outside artifacts/")
+                continue
+            if rel is not None and not push.blob(rel):
+                push.skipped.append(f"{m.rel} {list(ikey)}: its artifact stayed behind")
+                continue
+            try:
+                stored = store.put_entry(
+                    m.tag, key, entry_field(ikey), encode_entry(value), if_absent=True
+                )
+            except BlobTooLargeError as e:
+                push.skipped.append(f"{m.rel} {list(ikey)}: {e.strerror}")
+                continue
+            if stored:
+                entries_pushed += 1
+            else:
+                entries_present += 1
+    return PushResult(
+        scan.root,
+        store.url,
+        models,
+        push.pushed,
+        push.present,
+        push.bytes,
+        entries_pushed,
+        entries_present,
+        tuple(push.skipped),
+    )
+
+
+# -- pull -------------------------------------------------------------------------
+
+
+@dataclass
+class _Pull:
+    store: RemoteStore
+    artifacts: ArtifactStore
+    handles: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    written: int = 0
+    present: int = 0
+    bytes: int = 0
+    refused: list[str] = field(default_factory=list)
+
+    def artifact(self, digest: str) -> dict[str, Any] | None:
+        """The local handle of ``digest``'s artifact, pulled if missing;
+        ``None`` if it is neither here nor a blob that passes its check."""
+        if digest in self.handles:
+            return self.handles[digest]
+        handle = self.artifacts.existing(digest)
+        if handle is not None:
+            self.present += 1
+        else:
+            handle = self._fetch(digest)
+        self.handles[digest] = handle
+        return handle
+
+    def _fetch(self, digest: str) -> dict[str, Any] | None:
+        where = f"{self.store.url} blob {digest[:16]}.."
+        try:
+            data = self.store.get_blob(digest)
+        except BlobTooLargeError as e:
+            self.refused.append(f"{where}: {e.strerror}")
+            return None
+        if data is None:
+            self.refused.append(f"{where}: not on the server")
+            return None
+        try:
+            art = decode_artifact(data, where, digest)
+        except CorruptArtifactError as e:
+            self.refused.append(e.strerror or str(e))
+            return None
+        del data
+        if art.digest is None:
+            self.refused.append(f"{where}: a v1 artifact (not bound to its digest)")
+            return None
+        handle = self.artifacts.put(digest, _as_bytes(art.payload))
+        self.written += 1
+        self.bytes += len(art.payload)
+        return handle
+
+
+def _pull_model(pull: _Pull, mc: ModelCache, entries: dict[str, bytes]) -> tuple[int, int]:
+    label = f"{pull.store.url} {mc.folder.parent.name}/{mc.folder.name}"
+    mc.index.refresh()
+    batch: dict[IndexKey, Any] = {}
+    present = 0
+    for fname in sorted(entries):
+        ikey = parse_entry_field(fname)
+        value = decode_entry(entries[fname])
+        if ikey is None or value is None:
+            pull.refused.append(f"{label}: entry {fname[:80]!r} is malformed")
+            continue
+        if ikey in mc.index:
+            present += 1
+            continue
+        if _names_artifact(value):
+            rel = artifact_rel(value)
+            if rel is None:
+                pull.refused.append(f"{label} {fname}: its handle points outside artifacts/")
+                continue
+            local = pull.artifact(CacheLayout.digest_of_artifact(rel))
+            if local is None:
+                pull.refused.append(f"{label} {fname}: its artifact was refused")
+                continue
+            # The artifact as stored here (a valid local one of the same
+            # digest stays, and may be another compile of the same meaning).
+            value = {**value, "handle": local}
+        batch[ikey] = value
+    if batch:
+        mc.index.update(batch)
+    return len(batch), present
+
+
+def pull_cache(root: str | os.PathLike[str], store: RemoteStore) -> PullResult:
+    """Copy every blob and index entry of ``store`` into the cache at
+    ``root`` (created private if missing) through the store's checked
+    writes (see the module's docs). Raises
+    :class:`~fxpiece.errors.RemoteUnavailableError` if the store fails
+    (what was written until then is complete and valid)."""
+    layout = CacheLayout(ensure_private_dir(Path(root).expanduser()))
+    pull = _Pull(store, ArtifactStore(layout))
+    models = written = present = 0
+    for tag, key in store.models():
+        try:
+            if len(key) <= KEY_DIR_LEN:
+                raise ConfigError("key", "a prefix, not a whole cache key")
+            mc = ModelCache(layout, key, tag)
+        except ConfigError as e:
+            pull.refused.append(f"{store.url} model {key[:16]}../{tag[:40]!r}: {e}")
+            continue
+        w, p = _pull_model(pull, mc, store.entries(tag, key))
+        models += 1
+        written += w
+        present += p
+    for digest in _sorted(store.blob_digests()):
+        pull.artifact(digest)
+    return PullResult(
+        layout.root,
+        store.url,
+        models,
+        pull.written,
+        pull.present,
+        pull.bytes,
+        written,
+        present,
+        tuple(pull.refused),
+    )
+
+
+def _sorted(digests: Iterable[str]) -> list[str]:
+    return sorted(set(digests))

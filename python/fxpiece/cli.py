@@ -9,6 +9,8 @@
     fxpiece cache prune [ROOT] --max-size 10G | --older-than 7d [--dry-run]
     fxpiece cache pack ROOT -o FILE
     fxpiece cache unpack FILE ROOT
+    fxpiece cache push ROOT URL                   copy verified artifacts and entries to Redis
+    fxpiece cache pull ROOT URL                   copy them from Redis into ROOT, checked
 
 ``ROOT`` defaults to the configured cache (``FXPIECE_CACHE_ROOT``, else
 ``~/.cache/fxpiece``). Every subcommand takes ``--json``. Exit codes: 0 ok
@@ -19,6 +21,7 @@ error (message on stderr), 2 usage error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import re
@@ -348,6 +351,46 @@ def _cmd_unpack(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_push(a: argparse.Namespace) -> int:
+    from fxpiece.remote import open_remote
+    from fxpiece.remote.sync import push_cache
+
+    with contextlib.closing(open_remote(a.url)) as store:
+        res = push_cache(Path(a.root).expanduser(), store)
+    if a.json:
+        _emit_json(res.as_dict())
+        return 0 if res.ok else 1
+    print(
+        f"pushed {res.root} to {res.url}: {res.blobs_pushed} artifact(s) "
+        f"({format_bytes(res.bytes_pushed)}; {res.blobs_present} already there), "
+        f"{res.entries_pushed} index entry(ies) of {res.models} model(s) "
+        f"({res.entries_present} already there)"
+    )
+    for p in res.skipped:
+        print(f"SKIPPED  {p}")
+    return 0 if res.ok else 1
+
+
+def _cmd_pull(a: argparse.Namespace) -> int:
+    from fxpiece.remote import open_remote
+    from fxpiece.remote.sync import pull_cache
+
+    with contextlib.closing(open_remote(a.url)) as store:
+        res = pull_cache(Path(a.root).expanduser(), store)
+    if a.json:
+        _emit_json(res.as_dict())
+        return 0 if res.ok else 1
+    print(
+        f"pulled {res.url} into {res.root}: {res.artifacts_written} artifact(s) "
+        f"({format_bytes(res.bytes_written)}; {res.artifacts_present} already there), "
+        f"{res.entries_written} index entry(ies) of {res.models} model(s) "
+        f"({res.entries_present} already there)"
+    )
+    for p in res.refused:
+        print(f"REFUSED  {p}")
+    return 0 if res.ok else 1
+
+
 # -- parser -----------------------------------------------------------------
 
 
@@ -414,6 +457,18 @@ def _parser() -> argparse.ArgumentParser:
     p = add("unpack", "verify an archive and unpack it into a cache root", _cmd_unpack)
     p.add_argument("file", metavar="FILE", help="an archive written by `fxpiece cache pack`")
     p.add_argument("root", metavar="ROOT", help="the cache root to unpack into")
+
+    for name, what, fn in (
+        (
+            "push",
+            "copy every verified artifact and index entry of ROOT to a remote cache",
+            _cmd_push,
+        ),
+        ("pull", "copy a remote cache's artifacts and entries into ROOT, each checked", _cmd_pull),
+    ):
+        p = add(name, what, fn)
+        p.add_argument("root", metavar="ROOT", help="the cache root")
+        p.add_argument("url", metavar="URL", help="the remote cache, e.g. redis://host:6379/0")
     return parser
 
 

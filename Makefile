@@ -39,10 +39,24 @@ lint: install
 	$(VENV)/bin/ruff format --check python tests benches examples
 	$(VENV)/bin/mypy
 
-py-test: install
+py-test: install doctest
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 test: install rust-test lint py-test
+
+.PHONY: doctest docs
+
+# The `>>>` examples in python/fxpiece's docstrings (cheap settings: compiler="eager",
+# no Inductor). TMPDIR is a throwaway folder, so their temporary files go with it.
+doctest: install
+	tmp=$$(mktemp -d) && TMPDIR=$$tmp $(PY) -m pytest -q -p no:cacheprovider --doctest-modules python/fxpiece; \
+	rc=$$?; rm -rf "$$tmp"; exit $$rc
+
+# The API reference from the docstrings (pdoc) into docs/api/ (not committed).
+docs: install
+	rm -rf docs/api
+	$(PY) docs/build_api.py docs/api
+	@echo "API reference: docs/api/index.html"
 
 $(COMPAT_PY):
 	$(PYTHON) -m venv $(COMPAT_VENV)

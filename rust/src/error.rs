@@ -33,6 +33,9 @@ pub enum Error {
     },
     /// A value that cannot be hashed or stored; `at` is the path inside it.
     Unsupported { at: String, what: String },
+    /// An argument of the right type but a wrong value (a key or signature
+    /// of the wrong length, no curve point, a malformed signature kind).
+    Invalid { what: String },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -51,6 +54,10 @@ impl Error {
             path: path.to_path_buf(),
             reason: reason.into(),
         }
+    }
+
+    pub fn invalid(what: impl Into<String>) -> Self {
+        Error::Invalid { what: what.into() }
     }
 
     pub fn refused(path: &Path, errno: i32, reason: impl Into<String>) -> Self {
@@ -76,7 +83,7 @@ impl Error {
             | Error::Corrupt { path, .. }
             | Error::LockTimeout { path, .. }
             | Error::Refused { path, .. } => Some(path),
-            Error::Unsupported { .. } => None,
+            Error::Unsupported { .. } | Error::Invalid { .. } => None,
         }
     }
 
@@ -117,6 +124,7 @@ impl fmt::Display for Error {
             ),
             Error::Refused { path, reason, .. } => write!(f, "refusing {}: {reason}", path.display()),
             Error::Unsupported { at, what } => write!(f, "unsupported value at {at}: {what}"),
+            Error::Invalid { what } => f.write_str(what),
         }
     }
 }

@@ -8,6 +8,7 @@
 //! * [`fsutil`]: atomic writes, locks, the hostile-input-safe reader,
 //!   quarantine;
 //! * [`proc`]: host names, pid liveness, writer identity;
+//! * [`sign`]: Ed25519 signatures over domain-separated payload digests;
 //! * [`error`]: the one error type.
 //!
 //! The PyO3 glue (feature `python`, module `py`) only converts values,
@@ -19,14 +20,16 @@ pub mod fsutil;
 pub mod hash;
 pub mod index;
 pub mod proc;
+pub mod sign;
 
 #[cfg(feature = "python")]
 mod py {
     mod convert;
     mod functions;
     mod index;
+    mod sign;
 
-    use pyo3::exceptions::PyTypeError;
+    use pyo3::exceptions::{PyTypeError, PyValueError};
     use pyo3::prelude::*;
 
     use crate::error::Error;
@@ -45,6 +48,7 @@ mod py {
             let path = e.path().map(|p| p.to_string_lossy().into_owned());
             match &e {
                 Error::Unsupported { .. } => PyTypeError::new_err(msg),
+                Error::Invalid { .. } => PyValueError::new_err(msg),
                 Error::Io { .. } | Error::Refused { .. } => match e.raw_os_error() {
                     Some(errno) => CacheError::new_err((errno, msg, path)),
                     None => CacheError::new_err((msg,)),
@@ -59,6 +63,7 @@ mod py {
     fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         functions::register(m)?;
         index::register(m)?;
+        sign::register(m)?;
         m.add("FORMAT_VERSION", crate::index::FORMAT_VERSION)?;
         Ok(())
     }

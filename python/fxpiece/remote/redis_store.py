@@ -163,8 +163,6 @@ class RedisStore:
             retry=Retry(NoBackoff(), 0),
             retry_on_timeout=False,
             health_check_interval=0,
-            lib_name=None,
-            lib_version=None,
         )
         self._renew = self._r.register_script(_RENEW)
         self._release = self._r.register_script(_RELEASE)

@@ -227,6 +227,7 @@ def push_cache(root: str | os.PathLike[str], store: RemoteStore) -> PushResult:
     Raises :class:`~fxpiece.errors.RemoteUnavailableError` if the store
     fails (what was copied until then stays: every write stands alone)."""
     scan = scan_cache(root)
+    store.ping()  # unreachable: one error before anything is read
     push = _Push(store, ArtifactStore(scan.layout, readonly=True))
     for path in sorted(scan.artifacts):
         push.blob(path)
@@ -361,6 +362,7 @@ def pull_cache(root: str | os.PathLike[str], store: RemoteStore) -> PullResult:
     writes (see the module's docs). Raises
     :class:`~fxpiece.errors.RemoteUnavailableError` if the store fails
     (what was written until then is complete and valid)."""
+    store.ping()  # unreachable: one error before anything is created
     layout = CacheLayout(ensure_private_dir(Path(root).expanduser()))
     pull = _Pull(store, ArtifactStore(layout))
     models = written = present = 0

@@ -33,7 +33,7 @@ from fxpiece.cache.admin import verify_cache
 from fxpiece.cache.index import CacheIndex
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.store import encode_artifact
-from fxpiece.errors import BlobTooLargeError, ConfigError, RemoteUnavailableError
+from fxpiece.errors import BlobTooLargeError, CacheError, ConfigError, RemoteUnavailableError
 from fxpiece.remote import Lease, RedisStore, RemoteConfig, RemoteStore, open_remote
 from fxpiece.remote.sync import entry_field, pull_cache
 
@@ -419,6 +419,7 @@ def test_nothing_listening_fails_fast() -> None:
     with RedisStore(url, RemoteConfig(op_timeout=OP_TIMEOUT)) as s:
         err, took = _timed(s.ping)
     assert isinstance(err, RemoteUnavailableError)
+    assert isinstance(err, CacheError) and isinstance(err, OSError)  # one except clause
     assert took < BOUND
     assert "s3cret" not in str(err) and "s3cret" not in s.url
 

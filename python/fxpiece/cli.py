@@ -11,6 +11,10 @@
     fxpiece cache unpack FILE ROOT
     fxpiece cache push ROOT URL                   copy verified artifacts and entries to Redis
     fxpiece cache pull ROOT URL                   copy them from Redis into ROOT, checked
+    fxpiece key new [--force]                     make this builder's signing key
+    fxpiece key show                              its public key and the trusted keys
+    fxpiece key trust KEY [--label TEXT]          trust another builder's key
+    fxpiece key revoke KEY [--label TEXT]         refuse a key everywhere, even your own
 
 ``ROOT`` defaults to the configured cache (``FXPIECE_CACHE_ROOT``, else
 ``~/.cache/fxpiece``). Every subcommand takes ``--json``. Exit codes: 0 ok
@@ -391,6 +395,81 @@ def _cmd_pull(a: argparse.Namespace) -> int:
     return 0 if res.ok else 1
 
 
+def _public_key_arg(text: str) -> Any:
+    from fxpiece.errors import ConfigError
+    from fxpiece.signing import PublicKey
+
+    try:
+        return PublicKey.parse(text, "KEY")
+    except ConfigError as e:
+        raise BadValue(str(e).removeprefix("KEY: ")) from None
+
+
+def _cmd_key_new(a: argparse.Namespace) -> int:
+    from fxpiece.signing import new_key
+
+    k = new_key(force=a.force)
+    if a.json:
+        _emit_json({"key_file": str(k.path), "public_key": str(k.public)})
+        return 0
+    print(f"new signing key {k.path}\npublic key: {k.public}")
+    print(f"other builders trust it with: fxpiece key trust {k.public}")
+    return 0
+
+
+def _cmd_key_show(a: argparse.Namespace) -> int:
+    from fxpiece.signing import key_file, load_key, trusted_keys, trusted_keys_file
+
+    path = key_file()
+    try:
+        own = load_key(path).public
+    except FileNotFoundError:
+        own = None
+    trusted = trusted_keys()
+    keys = sorted(map(str, trusted.keys))
+    revoked = sorted(map(str, trusted.revoked))
+    if a.json:
+        _emit_json(
+            {
+                "key_file": str(path),
+                "public_key": None if own is None else str(own),
+                "trusted_keys_file": str(trusted_keys_file()),
+                "trusted": [k for k in keys if k not in revoked],
+                "revoked": revoked,
+            }
+        )
+        return 0
+    print(f"signing key: {path}")
+    if own is None:
+        print("public key: none yet (made on first use, or `fxpiece key new`)")
+    else:
+        print(f"public key: {own}")
+    print(f"trusted keys (yours, FXPIECE_TRUSTED_KEYS, {trusted_keys_file()}):")
+    for k in keys:
+        notes = [n for n, on in (("yours", k == str(own)), ("REVOKED", k in revoked)) if on]
+        print(f"  {k}" + (f"  ({', '.join(notes)})" if notes else ""))
+    for k in revoked:
+        if k not in keys:
+            print(f"  {k}  (REVOKED)")
+    if not keys and not revoked:
+        print("  none")
+    return 0
+
+
+def _cmd_key_trust(a: argparse.Namespace) -> int:
+    from fxpiece.signing import revoke_key, trust_key, trusted_keys_file
+
+    revoke = a.key_command == "revoke"
+    changed = (revoke_key if revoke else trust_key)(a.key, label=a.label)
+    verb = "revoked" if revoke else "trusted"
+    if a.json:
+        _emit_json({"key": str(a.key), verb: True, "changed": changed})
+        return 0
+    where = trusted_keys_file()
+    print(f"{verb} {a.key} in {where}" if changed else f"{a.key} is already {verb} in {where}")
+    return 0
+
+
 # -- parser -----------------------------------------------------------------
 
 
@@ -469,6 +548,30 @@ def _parser() -> argparse.ArgumentParser:
         p = add(name, what, fn)
         p.add_argument("root", metavar="ROOT", help="the cache root")
         p.add_argument("url", metavar="URL", help="the remote cache, e.g. redis://host:6379/0")
+
+    key = sub.add_parser("key", help="this builder's signing key and the keys it trusts")
+    ks = key.add_subparsers(dest="key_command", required=True, metavar="SUBCOMMAND")
+
+    def add_key(
+        name: str, help: str, fn: Callable[[argparse.Namespace], int]
+    ) -> argparse.ArgumentParser:
+        p = ks.add_parser(name, help=help, description=help)
+        p.add_argument("--json", action="store_true", help="print JSON")
+        p.set_defaults(func=fn)
+        return p
+
+    p = add_key(
+        "new", "make a signing key (FXPIECE_KEY_FILE, else ~/.config/fxpiece/key)", _cmd_key_new
+    )
+    p.add_argument("--force", action="store_true", help="replace an existing key")
+    add_key("show", "print the public key and the trusted and revoked keys", _cmd_key_show)
+    for name, help in (
+        ("trust", "trust another builder's key (adds it to the trusted-keys file)"),
+        ("revoke", "refuse a key everywhere, even your own (in the trusted-keys file)"),
+    ):
+        p = add_key(name, help, _cmd_key_trust)
+        p.add_argument("key", type=_public_key_arg, metavar="KEY", help="ed25519:<base64url>")
+        p.add_argument("--label", default="", help="a note kept after the key")
     return parser
 
 

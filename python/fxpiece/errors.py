@@ -20,6 +20,16 @@ Every exception also subclasses a standard one so callers can catch broadly:
   once and compile locally.
 - :class:`BlobTooLargeError` (``CacheError``): a blob over the remote tier's
   size limit, refused before it is sent or read.
+- :class:`KeyFileError` (``OSError``): the builder's signing key or the
+  trusted-keys file is unsafe (a symlink, not a regular file, owned by another
+  user, a key readable by group or others, a trusted-keys file others can
+  write) or malformed; ``filename`` names it. Never used, never repaired.
+- :class:`SignatureError` (``ValueError``): a signature was refused:
+  :class:`BadSignatureError` when it is malformed or does not verify for its
+  payload and kind (tampered with), :class:`UntrustedSignerError` when it is
+  valid but no trusted key names its signer (``signer`` says which), and
+  :class:`RevokedSignerError` (an ``UntrustedSignerError``) when its signer
+  is revoked.
 - :class:`ConfigError` (``ValueError``): a configuration field is invalid; the
   message names the field and the fix.
 - :class:`SizeOutOfRangeError` (``ValueError``): under ``strict``, a token
@@ -33,6 +43,7 @@ The native core (``fxpiece._native``) raises these very classes.
 from __future__ import annotations
 
 __all__ = [
+    "BadSignatureError",
     "BlobTooLargeError",
     "CacheError",
     "CacheMissError",
@@ -42,11 +53,15 @@ __all__ = [
     "CorruptIndexError",
     "FxpieceError",
     "HostileFileError",
+    "KeyFileError",
     "LockTimeoutError",
     "NotRunnableError",
     "RemoteUnavailableError",
+    "RevokedSignerError",
+    "SignatureError",
     "SizeOutOfRangeError",
     "UntrustedCacheError",
+    "UntrustedSignerError",
 ]
 
 
@@ -94,6 +109,37 @@ class RemoteUnavailableError(CacheError):
 class BlobTooLargeError(CacheError):
     """A blob over the remote tier's size limit (``errno.EFBIG``): refused
     before it is sent, or before more than the limit is read."""
+
+
+class KeyFileError(FxpieceError, OSError):
+    """The signing key or trusted-keys file is unsafe or malformed (a
+    symlink, not a regular file, owned by another user, a key readable by
+    group or others, a trusted-keys file others can write); ``filename``
+    names it and the message the fix. Nothing is signed or trusted by it."""
+
+
+class SignatureError(FxpieceError, ValueError):
+    """A signature was refused: see :class:`BadSignatureError`,
+    :class:`UntrustedSignerError`, :class:`RevokedSignerError`."""
+
+
+class BadSignatureError(SignatureError):
+    """A signature that is malformed or does not verify for the payload and
+    kind it came with (payload, kind or signature tampered with)."""
+
+
+class UntrustedSignerError(SignatureError):
+    """A signature by a key that no trusted key names; ``signer`` is its text
+    form (``ed25519:<base64url>``)."""
+
+    def __init__(self, signer: str, message: str) -> None:
+        super().__init__(message)
+        self.signer = signer
+
+
+class RevokedSignerError(UntrustedSignerError):
+    """A signature by a revoked key (revocation wins over any trust, even in
+    one's own key)."""
 
 
 class ConfigError(FxpieceError, ValueError):

@@ -1,22 +1,21 @@
 """The remote tier's building blocks on a real ``redis-server`` (Debian's
 package; ``make redis`` installs it): blobs, index entries, leases between
-processes, a server killed, stopped or full, and ``fxpiece cache push/pull``
-between two roots with a model compiled once.
+processes, a server killed, stopped or full, and what ``fxpiece cache pull``
+refuses. Torch-free; the push/pull round trip with a compiled model is
+``tests/test_remote_push_pull.py``.
 
-One server serves the session (each test its own key prefix or database);
-tests that kill, stop or fill a server start their own.
+One server serves the module (each test its own key prefix); tests that
+kill, stop or fill a server start their own.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,10 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from conftest import PyRunner, run_toy, run_toy_subprocess
+from programs.redis_server import RedisServer, free_port
 
-from fxpiece.cache.admin import verify_cache
 from fxpiece.cache.index import CacheIndex
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.store import encode_artifact
@@ -37,7 +34,6 @@ from fxpiece.errors import BlobTooLargeError, CacheError, ConfigError, RemoteUna
 from fxpiece.remote import Lease, RedisStore, RemoteConfig, RemoteStore, open_remote
 from fxpiece.remote.sync import entry_field, pull_cache
 
-REDIS_SERVER = shutil.which("redis-server")
 _SCRIPT = shutil.which("fxpiece", path=str(Path(sys.executable).parent))
 CLI = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "fxpiece"]
 OP_TIMEOUT = 0.5
@@ -45,80 +41,7 @@ BOUND = 5 * OP_TIMEOUT
 """A failing call returns within this (5x the configured timeout): never a hang."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class RedisServer:
-    """A ``redis-server`` of our own on a free port, no persistence."""
-
-    def __init__(self, folder: Path, *args: str) -> None:
-        if REDIS_SERVER is None:
-            pytest.fail(
-                "redis-server is not on PATH: run `make redis` (apt-get install redis-server)"
-            )
-        folder.mkdir(parents=True, exist_ok=True)
-        self.folder = folder
-        for _ in range(5):  # the free port may be taken between look and bind
-            self.port = _free_port()
-            log = open(folder / f"redis-{self.port}.log", "wb")  # noqa: SIM115 (the process owns it)
-            self.proc = subprocess.Popen(
-                [
-                    *(REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1"),
-                    *("--save", "", "--appendonly", "no", "--dir", str(folder), *args),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-            log.close()
-            if self._wait_ready():
-                return
-            self.stop()
-        raise AssertionError(f"redis-server did not start; see {folder}")
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def db_url(self, db: int) -> str:
-        return f"redis://127.0.0.1:{self.port}/{db}"
-
-    def _wait_ready(self, timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s,
-            ):
-                s.sendall(b"PING\r\n")
-                if s.recv(64).startswith(b"+PONG"):
-                    return True
-            time.sleep(0.02)
-        return False
-
-    def signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis"))
     yield server
@@ -145,7 +68,7 @@ def _config(**kw: Any) -> RemoteConfig:
 
 @pytest.fixture
 def store(redis_server: RedisServer) -> Iterator[RedisStore]:
-    """A store on the session server under a key prefix of this test's own."""
+    """A store on the module's server under a key prefix of this test's own."""
     with RedisStore(redis_server.url, _config()) as s:
         yield s
 
@@ -415,7 +338,7 @@ def test_stopped_server_times_out_then_recovers(own_server: Callable[..., RedisS
 
 
 def test_nothing_listening_fails_fast() -> None:
-    url = f"redis://user:s3cret@127.0.0.1:{_free_port()}/0"
+    url = f"redis://user:s3cret@127.0.0.1:{free_port()}/0"
     with RedisStore(url, RemoteConfig(op_timeout=OP_TIMEOUT)) as s:
         err, took = _timed(s.ping)
     assert isinstance(err, RemoteUnavailableError)
@@ -459,84 +382,14 @@ def test_config_and_url_errors() -> None:
         RemoteConfig(key_prefix="a b")
 
 
-# -- fxpiece cache push / pull -------------------------------------------------------
-
-TOY = {
-    "layers": 1,
-    "config": {
-        "splitting_ops": ["fxpiece_toy::attention"],
-        "compiler": "inductor",
-        "max_num_tokens": 16,  # one range: 2 Inductor compiles
-    },
-    "sizes": [5, 12],
-}
+# -- fxpiece cache push / pull (the round trip with a compiled model:
+# tests/test_remote_push_pull.py) ------------------------------------------------
 
 
 def fx(*args: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*CLI, *map(str, args)], capture_output=True, text=True, timeout=300, check=False
     )
-
-
-def fx_json(*args: Any) -> Any:
-    proc = fx(*args, "--json")
-    assert proc.returncode == 0, (proc.stdout, proc.stderr)
-    return json.loads(proc.stdout)
-
-
-def _flush(url: str) -> None:
-    import redis
-
-    r = redis.Redis.from_url(url)
-    r.flushdb()
-    r.close()
-
-
-@pytest.mark.slow
-def test_push_pull_round_trip_warm_starts(
-    redis_server: RedisServer, run_py: PyRunner, tmp_path: Path
-) -> None:
-    """Host A compiles and pushes; host B pulls into an empty root and starts
-    with 0 compiles and equal outputs; pushing and pulling again changes nothing."""
-    url = redis_server.db_url(3)
-    _flush(url)
-    a, b = tmp_path / "a", tmp_path / "b"
-    cold_spec = {**TOY, "config": {**TOY["config"], "cache_dir": str(a)}}
-    cold = run_toy({**cold_spec, "out": str(tmp_path / "cold.pt")})  # in this process
-    assert cold["diff"]["num_inductor_compiles"] > 0
-
-    pushed = fx_json("cache", "push", a, url)
-    assert pushed["ok"] and pushed["skipped"] == []
-    assert pushed["models"] == 2  # the pieces' model and its ahead-of-time entry's
-    assert pushed["blobs_pushed"] == len(list((a / "artifacts").glob("*/*")))
-    assert pushed["entries_pushed"] > 0
-    again = fx_json("cache", "push", a, url)
-    assert again["blobs_pushed"] == again["entries_pushed"] == 0
-    assert again["entries_present"] == pushed["entries_pushed"]
-
-    pulled = fx_json("cache", "pull", b, url)
-    assert pulled["ok"] and pulled["refused"] == []
-    assert pulled["artifacts_written"] == pushed["blobs_pushed"]
-    assert pulled["entries_written"] == pushed["entries_pushed"]
-    assert verify_cache(b).ok
-    # The same index, entry for entry (handles are relative to the root).
-    folder = Path(cold["folder"]).relative_to(a)
-    ia = CacheIndex(str(CacheLayout.index_dir(a / folder)), readonly=True).entries()
-    ib = CacheIndex(str(CacheLayout.index_dir(b / folder)), readonly=True).entries()
-    assert sorted(ia) == sorted(ib)
-
-    warm_spec = {**TOY, "config": {**TOY["config"], "cache_dir": str(b)}}
-    warm = run_toy_subprocess(run_py, {**warm_spec, "out": str(tmp_path / "warm.pt")})
-    assert warm["key"] == cold["key"]
-    assert warm["diff"].get("num_inductor_compiles", 0) == 0, warm["diff"]
-    assert sum(warm["compiled"]) == 0 and sum(warm["loaded"]) > 0, warm
-    c, w = torch.load(tmp_path / "cold.pt"), torch.load(tmp_path / "warm.pt")
-    for n in TOY["sizes"]:
-        torch.testing.assert_close(w[n], c[n], rtol=0, atol=0)
-
-    repull = fx_json("cache", "pull", b, url)
-    assert repull["artifacts_written"] == repull["entries_written"] == 0
-    assert repull["entries_present"] == pushed["entries_pushed"]
 
 
 def test_pull_refuses_what_fails_its_check(store: RedisStore, tmp_path: Path) -> None:
@@ -572,7 +425,7 @@ def test_pull_refuses_what_fails_its_check(store: RedisStore, tmp_path: Path) ->
 def test_push_to_a_dead_server_is_one_error(tmp_path: Path) -> None:
     root = tmp_path / "root"
     root.mkdir(mode=0o700)
-    proc = fx("cache", "push", root, f"redis://127.0.0.1:{_free_port()}/0")
+    proc = fx("cache", "push", root, f"redis://127.0.0.1:{free_port()}/0")
     assert proc.returncode == 1
     assert proc.stderr.startswith("fxpiece: error: remote cache redis://127.0.0.1:")
     assert "Traceback" not in proc.stderr

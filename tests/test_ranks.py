@@ -7,79 +7,67 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from programs.run import program_argv, program_env
 
 import fxpiece
 from fxpiece.cache.lease import Lease, namespace_id, read_lease
 from fxpiece.toy_llama import ATTENTION_OP, ToyLlama, ToyLlamaConfig
 
-RANK_SCRIPT = textwrap.dedent(
-    """
-    import json, os, sys, time, torch, fxpiece
-    from fxpiece.toy_llama import ToyLlama, ToyLlamaConfig
-    from fxpiece.piecewise.compilers import EagerCompiler
-
-    class SlowEager(EagerCompiler):
-        # Same name and hash as "eager": the same digests. Sleeps in compile when asked.
-        def compile(self, graph, example_inputs, entry, ctx):
-            if os.environ.get("SLOW_COMPILE"):
-                print("compiling", flush=True)
-                time.sleep(float(os.environ["SLOW_COMPILE"]))
-            return super().compile(graph, example_inputs, entry, ctx)
-
-    cache, compiler, layers = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    m = ToyLlama(ToyLlamaConfig(num_layers=layers)).eval()
-    ends = [int(x) for x in os.environ.get("ENDPOINTS", "").split(",") if x]
-    cfg = fxpiece.CompileConfig(
-        splitting_ops=["fxpiece_toy::attention"], max_num_tokens=64, cache_dir=cache,
-        compiler=SlowEager() if compiler == "slow-eager" else compiler,
-        lease_ttl=float(os.environ.get("LEASE_TTL", "30")),
-        lock_timeout=float(os.environ.get("LOCK_TIMEOUT", "600")),
-        compile_ranges_endpoints=ends,
-        inductor_config={"max_autotune": True} if os.environ.get("SALT") else {},
-        max_parallel_compiles=int(os.environ["SLOTS"]) if os.environ.get("SLOTS") else None,
-    )
-    if os.environ.get("GO_FILE"):
-        while not os.path.exists(os.environ["GO_FILE"]):
-            time.sleep(0.01)
-    cm = fxpiece.compile(m, cfg)
-    ids = torch.arange(5)
-    if os.environ.get("ANNOUNCE"):
-        print("calling", flush=True)
-    with torch.no_grad():
-        out = cm(ids)
-        ok = torch.allclose(out, m(ids), atol=1e-4)
-    c = fxpiece.counters.snapshot()
-    c["ok"] = bool(ok)
-    pieces = cm.stats.graphs[0].pieces
-    c["wait_s"] = sum(p.wait_s for p in pieces)
-    c["slot_wait_s"] = sum(p.slot_wait_s for p in pieces)
-    c["intervals"] = [iv for p in pieces for iv in p.compile_intervals]
-    c["startup"] = cm.stats.startup.as_dict()
-    print(json.dumps(c), flush=True)
-    """
-)
-
 
 def _spawn(
     tmp_path: Path, cache: Path, compiler: str, layers: int, **env: str
 ) -> subprocess.Popen[str]:
-    script = tmp_path / "rank.py"
-    if not script.exists():  # rewriting it could truncate it under a starting rank
-        script.write_text(RANK_SCRIPT)
+    """Start one rank (tests/programs/rank.py)."""
     return subprocess.Popen(
-        [sys.executable, str(script), str(cache), compiler, str(layers)],
+        program_argv("rank", cache, compiler, layers),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **env},
+        env=program_env(env),
     )
+
+
+def _wait_for(
+    what: str, done: Callable[[], bool], procs: list[subprocess.Popen[str]], timeout: float = 240
+) -> None:
+    """Wait until ``done()`` (an event a rank signals), failing early if one
+    of ``procs`` exits first."""
+    t_end = time.monotonic() + timeout
+    while not done():
+        for p in procs:
+            if p.poll() is not None:
+                _, err = p.communicate()
+                raise AssertionError(f"a rank exited (rc={p.returncode}) before {what}:\n{err}")
+        assert time.monotonic() < t_end, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _marked(mark: Path) -> list[Path]:
+    """The leases and slots a rank started with ``WAIT_MARK=mark`` found taken."""
+    lines = mark.read_text().splitlines() if mark.exists() else []
+    return [Path(line).resolve() for line in lines]
+
+
+def _start_together(
+    tmp_path: Path, n: int, cache: Path, compiler: str, layers: int, **env: str
+) -> list[subprocess.Popen[str]]:
+    """``n`` ranks, released at once when all of them are ready."""
+    go = tmp_path / "go"
+    ready = [tmp_path / f"ready-{i}" for i in range(n)]
+    procs = [
+        _spawn(tmp_path, cache, compiler, layers, GO_FILE=str(go), READY_FILE=str(r), **env)
+        for r in ready
+    ]
+    _wait_for("every rank is ready", lambda: all(r.exists() for r in ready), procs)
+    go.touch()
+    return procs
 
 
 def _result(p: subprocess.Popen[str], timeout: float = 240) -> dict[str, Any]:
@@ -106,11 +94,8 @@ def test_compile_slots_bound_concurrent_compiles_across_processes(
     # 1 layer split at attention, ranges [1,8] [9,64]: 2 pieces x 2 ranges =
     # 4 unique digests; each compile sleeps 3 s. Four processes steal work.
     cache = tmp_path / "cache"
-    go = tmp_path / "go"
-    env = {"GO_FILE": str(go), "SLOW_COMPILE": "3", "ENDPOINTS": "8", "SLOTS": str(slots)}
-    procs = [_spawn(tmp_path, cache, "slow-eager", 1, **env) for _ in range(4)]
-    time.sleep(0.5)
-    go.touch()
+    env = {"SLOW_COMPILE": "3", "ENDPOINTS": "8", "SLOTS": str(slots)}
+    procs = _start_together(tmp_path, 4, cache, "slow-eager", 1, **env)
     results = [_result(p) for p in procs]
     assert all(r["ok"] for r in results)
     assert sum(r["num_eager_compiles"] for r in results) == 4, "each unique piece once"
@@ -133,9 +118,12 @@ def test_killed_slot_holder_does_not_block_others(tmp_path: Path) -> None:
     (slot,) = (cache / "locks" / "slots").glob("*/slot-0.lease")
     # Other digests (another Inductor option: every piece differs): it waits
     # for the slot only, not for a piece's lease.
-    waiter = _spawn(tmp_path, cache, "slow-eager", 1, SLOTS="1", SALT="1", ANNOUNCE="1")
-    assert waiter.stdout is not None and waiter.stdout.readline().strip() == "calling"
-    time.sleep(3)
+    mark = tmp_path / "waits"
+    waiter = _spawn(tmp_path, cache, "slow-eager", 1, SLOTS="1", SALT="1", WAIT_MARK=str(mark))
+    _wait_for(
+        "the waiter finds the slot taken", lambda: slot.resolve() in _marked(mark), [waiter, holder]
+    )
+    time.sleep(1.5)  # not a synchronisation: the wait the waiter then reports
     assert waiter.poll() is None, "the waiter waits for the only slot"
     holder.send_signal(signal.SIGKILL)
     holder.wait()
@@ -177,13 +165,7 @@ def test_identical_layers_compile_once_per_entry() -> None:
 @pytest.mark.slow
 def test_four_processes_compile_each_piece_once(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    go = tmp_path / "go"
-    procs = [
-        _spawn(tmp_path, cache, "inductor", 1, GO_FILE=str(go), OMP_NUM_THREADS="1")
-        for _ in range(4)
-    ]
-    time.sleep(0.5)
-    go.touch()
+    procs = _start_together(tmp_path, 4, cache, "inductor", 1, OMP_NUM_THREADS="1")
     results = [_result(p) for p in procs]
     assert all(r["ok"] for r in results)
     # One process alone: 2 distinct pieces x 1 range.
@@ -206,10 +188,12 @@ def test_killed_compiler_is_taken_over(tmp_path: Path) -> None:
     assert line.strip() == "compiling", holder.stderr.read() if holder.stderr else ""
     leases = list((cache / "locks").glob("*.lease"))
     assert len(leases) == 1
-    waiter = _spawn(tmp_path, cache, "slow-eager", 0, ANNOUNCE="1")
-    assert waiter.stdout is not None and waiter.stdout.readline().strip() == "calling"
-    time.sleep(3)  # the waiter is waiting on the lease
-    assert waiter.poll() is None
+    mark = tmp_path / "waits"
+    waiter = _spawn(tmp_path, cache, "slow-eager", 0, WAIT_MARK=str(mark))
+    _wait_for(
+        "the waiter finds the lease taken", lambda: leases[0].resolve() in _marked(mark), [waiter]
+    )
+    assert waiter.poll() is None, "the waiter is waiting on the lease"
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     r = _result(waiter, timeout=120)

@@ -59,8 +59,8 @@ def mark_waits(mark: Path) -> None:
     def take(path: str, **kw: Any) -> Lease | None:
         return note(path, try_take(path, **kw))
 
-    Lease.try_acquire = acquire  # type: ignore[method-assign,assignment]
-    Lease.try_take = take  # type: ignore[method-assign,assignment]
+    Lease.try_acquire = acquire  # type: ignore[method-assign]
+    Lease.try_take = take  # type: ignore[method-assign]
 
 
 def main() -> None:
@@ -97,7 +97,8 @@ def main() -> None:
     c["wait_s"] = sum(p.wait_s for p in pieces)
     c["slot_wait_s"] = sum(p.slot_wait_s for p in pieces)
     c["intervals"] = [iv for p in pieces for iv in p.compile_intervals]
-    c["startup"] = cm.stats.startup.as_dict()
+    startup = cm.stats.startup
+    c["startup"] = startup.as_dict() if startup is not None else None
     print(json.dumps(c), flush=True)
 
 

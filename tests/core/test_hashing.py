@@ -7,10 +7,10 @@ import logging
 import os
 import pathlib
 import subprocess
-import sys
 from collections import OrderedDict
 
 import pytest
+from programs.run import program_argv, program_env
 
 import fxpiece
 from fxpiece import hash_factors, hash_files, hash_files_report
@@ -310,28 +310,15 @@ def test_golden_digests(name: str) -> None:
     assert hash_factors(value) == digest
 
 
-# Child processes import only the native module (importing fxpiece does not
-# import torch; the backend's modules load lazily).
-_LOAD_NATIVE = "from fxpiece import _native as native\n"
-
-_SUBPROCESS = r"""
-import json, sys
-paths = json.loads(sys.argv[1])
-value = {"z": [1, 2.5, None, True, "s", (3, 4)], "a": {"y": 2**80, "x": b"\x01"}, "m": -7}
-print(json.dumps([native.hash_files(paths), native.hash_factors(value),
-                  native.hash_files_report(paths)[0]]))
-"""
-
-
 def test_stable_across_processes(files: dict[str, str]) -> None:
     paths = [*files.values(), "<string>"]
     value = {"m": -7, "a": {"x": b"\x01", "y": 2**80}, "z": [1, 2.5, None, True, "s", (3, 4)]}
     here = [hash_files(paths), hash_factors(value), hash_files_report(paths).digest]
     outs = []
     for seed in ("0", "12345"):
-        env = {**os.environ, "PYTHONHASHSEED": seed}
+        env = program_env({"PYTHONHASHSEED": seed})
         out = subprocess.run(
-            [sys.executable, "-c", _LOAD_NATIVE + _SUBPROCESS, json.dumps(list(reversed(paths)))],
+            program_argv("hash_stable", json.dumps(list(reversed(paths)))),
             env=env,
             capture_output=True,
             text=True,

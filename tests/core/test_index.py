@@ -18,6 +18,7 @@ import time
 import warnings
 
 import pytest
+from programs.run import program_argv, program_env
 
 import fxpiece
 from fxpiece import (
@@ -730,14 +731,6 @@ def test_verify_index_file_reasons(tmp_path: pathlib.Path, how: str) -> None:
 
 # ----- locking -------------------------------------------------------------------
 
-_HOLD_LOCK = r"""
-import fcntl, sys, time
-f = open(sys.argv[1], "a")
-fcntl.flock(f, fcntl.LOCK_EX)
-print("locked", flush=True)
-time.sleep(120)
-"""
-
 
 def test_lock_timeout_and_takeover_after_sigkill(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "index"
@@ -745,7 +738,7 @@ def test_lock_timeout_and_takeover_after_sigkill(tmp_path: pathlib.Path) -> None
     idx.insert(K1, 1)
     lock = path / "LOCK"
     holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLD_LOCK, str(lock)], stdout=subprocess.PIPE, text=True
+        program_argv("hold_flock", lock), stdout=subprocess.PIPE, text=True, env=program_env()
     )
     try:
         assert holder.stdout is not None

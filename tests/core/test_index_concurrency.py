@@ -9,101 +9,24 @@ import pathlib
 import random
 import signal
 import subprocess
-import sys
 import time
 import warnings
 
 import pytest
+from programs.run import program_argv, program_env
 
 from fxpiece import CacheIndex, verify_index
-
-# Child processes import only the native module (importing fxpiece does not
-# import torch; the backend's modules load lazily).
-_LOAD_NATIVE = "from fxpiece import _native as native\n"
-
-# A writer: builds its handle, says "ready", waits for "go" (so all start at
-# once), then commits its own keys (single inserts and update() batches) and,
-# now and then, a shared key. Any warning (a corrupt file seen) is an error.
-_WRITER = r"""
-import json, random, sys, warnings
-warnings.simplefilter("error")
-
-path, wid, use_flock = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
-n_keys, n_shared, compact_after = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-kw = {} if use_flock else {"use_flock": False, "host": f"host{wid}"}
-idx = native.CacheIndex(path, compact_after=compact_after, **kw)
-print("ready", flush=True)
-assert sys.stdin.readline().strip() == "go"
-
-rng = random.Random(wid)
-last_shared, seq, i, commits, compactions = {}, 0, 0, 0, 0
-
-def shared_write(into):
-    global seq
-    s = rng.randrange(n_shared)
-    seq += 1
-    into[(-1, s, 0, "shared")] = {"w": wid, "seq": seq}
-    last_shared[s] = seq
-
-while i < n_keys:
-    if rng.random() < 0.5:
-        idx.insert((wid, i, 0, "own"), {"w": wid, "i": i})
-        i += 1
-    else:
-        n = min(rng.randint(2, 12), n_keys - i)
-        batch = {(wid, i + j, 0, "own"): {"w": wid, "i": i + j} for j in range(n)}
-        if rng.random() < 0.5:
-            shared_write(batch)
-        idx.update(batch)
-        i += n
-    commits += 1
-    if rng.random() < 0.2:
-        one = {}
-        shared_write(one)
-        idx.update(one)
-        commits += 1
-    if rng.random() < 0.05:
-        idx.refresh()
-    if rng.random() < 0.04:
-        # Explicit compactions on top of the automatic ones (which wait for
-        # more logs as the index grows). With flock, wait for the lock half of
-        # the time (else a busy lock skips); without, they really race.
-        compactions += idx.compact(timeout=60.0 if rng.random() < 0.5 else None)
-print(json.dumps({"last_shared": last_shared, "commits": commits, "compactions": compactions}),
-      flush=True)
-"""
-
-# A reader: refreshes in a loop while the writers run; the set of keys it
-# sees must only grow (no torn file, no entry that comes and goes).
-_READER = r"""
-import json, os, sys, time, warnings
-warnings.simplefilter("error")
-
-path, stop, use_flock = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-kw = {} if use_flock else {"use_flock": False, "host": "reader"}
-idx = native.CacheIndex(path, **kw)
-print("ready", flush=True)
-assert sys.stdin.readline().strip() == "go"
-seen, refreshes = set(), 0
-while not os.path.exists(stop):
-    idx.refresh()
-    refreshes += 1
-    own = {k for k in idx.keys() if k[3] == "own"}
-    lost = seen - own
-    assert not lost, f"keys disappeared: {sorted(lost)[:5]}"
-    seen = own
-    time.sleep(0.003)
-print(json.dumps({"refreshes": refreshes, "seen": len(seen)}), flush=True)
-"""
 
 N_WRITERS = 16
 N_KEYS = 200
 N_SHARED = 8
 
 
-def _spawn(code: str, *args: object) -> subprocess.Popen[str]:
+def _spawn(program: str, *args: object) -> subprocess.Popen[str]:
+    """Start ``tests/programs/<program>.py`` (it imports only the native module)."""
     return subprocess.Popen(
-        [sys.executable, "-c", _LOAD_NATIVE + code, *map(str, args)],
+        program_argv(program, *args),
+        env=program_env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -131,8 +54,10 @@ def test_many_processes_insert_concurrently(tmp_path: pathlib.Path, use_flock: b
     path = tmp_path / "index"
     stop = tmp_path / "stop"
     flag = int(use_flock)
-    writers = [_spawn(_WRITER, path, wid, flag, N_KEYS, N_SHARED, 8) for wid in range(N_WRITERS)]
-    readers = [_spawn(_READER, path, stop, flag) for _ in range(2)]
+    writers = [
+        _spawn("index_writer", path, wid, flag, N_KEYS, N_SHARED, 8) for wid in range(N_WRITERS)
+    ]
+    readers = [_spawn("index_reader", path, stop, flag) for _ in range(2)]
     try:
         for p in writers + readers:
             _wait_ready(p)
@@ -190,31 +115,6 @@ def test_many_processes_insert_concurrently(tmp_path: pathlib.Path, use_flock: b
 
 # ----- crash test ------------------------------------------------------------------
 
-# Commits in a loop; prints each committed key only after insert()/update()
-# returned. Killed with SIGKILL at a random moment.
-_CRASH_WRITER = r"""
-import random, sys
-
-path, wid, compact_after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-idx = native.CacheIndex(path, compact_after=compact_after)
-print("ready", flush=True)
-sys.stdin.readline()
-rng = random.Random(wid)
-i = 0
-while True:
-    if rng.random() < 0.6:
-        idx.insert((wid, i, 0, "crash"), {"w": wid, "i": i})
-        print(i, flush=True)
-        i += 1
-    else:
-        n = rng.randint(2, 8)
-        idx.update({(wid, i + j, 0, "crash"): {"w": wid, "i": i + j} for j in range(n)})
-        print(" ".join(str(i + j) for j in range(n)), flush=True)
-        i += n
-    if rng.random() < 0.1:
-        idx.compact()  # so that kills also land inside compactions
-"""
-
 PER_ROUND = 6
 ROUNDS = 10  # 60 kills
 
@@ -231,7 +131,7 @@ def test_sigkilled_writers_never_lose_a_returned_commit(tmp_path: pathlib.Path) 
         nonlocal wid
         out = []
         for _ in range(PER_ROUND):
-            out.append((wid, _spawn(_CRASH_WRITER, path, wid, rng.choice([2, 4, 8, 64]))))
+            out.append((wid, _spawn("index_crash_writer", path, wid, rng.choice([2, 4, 8, 64]))))
             wid += 1
         return out
 

@@ -11,42 +11,15 @@ they can: every commit must succeed and every key must be there afterwards.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 import time
 
 import pytest
+from programs.run import program_argv, program_env
 
 from fxpiece import CacheIndex, verify_index
-
-# A writer: wait for the start file, then commit `n` keys, refreshing between
-# commits (every refresh lists the folder and cleans temp files), compacting
-# now and then. Reports how many commits succeeded and the first failure.
-_WRITER = r"""
-import json, os, sys, time
-from fxpiece import _native as native
-
-path, start, wid, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-idx = native.CacheIndex(path, compact_after=16)
-print(json.dumps({"ready": True, "host": idx.host, "pid": os.getpid()}), flush=True)
-deadline = time.monotonic() + 60
-while not os.path.exists(start):
-    assert time.monotonic() < deadline, "never started"
-    time.sleep(0.001)
-ok, failures = 0, []
-for i in range(n):
-    try:
-        idx.insert((i, i + 1, 0, wid), {"w": wid, "i": i})
-        ok += 1
-    except Exception as e:
-        failures.append(f"{type(e).__name__}: {e}")
-    idx.refresh()
-    if i % 25 == 24:
-        idx.compact()
-print(json.dumps({"ok": ok, "failures": failures[:5], "n_failures": len(failures)}), flush=True)
-"""
 
 N = 150
 
@@ -82,8 +55,8 @@ def test_writers_in_two_pid_namespaces_with_one_host_name(tmp_path) -> None:  # 
     path = tmp_path / "index"
     start = tmp_path / "start"
     CacheIndex(path)
-    env = dict(os.environ)
-    cmd = [sys.executable, "-c", _WRITER, str(path), str(start)]
+    env = program_env()  # the writer: tests/programs/pidns_writer.py
+    cmd = program_argv("pidns_writer", path, start)
     inner = subprocess.Popen(
         ["unshare", "--pid", "--fork", "--mount-proc", *cmd, "inner", str(N)],
         stdout=subprocess.PIPE,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import threading
@@ -13,6 +14,16 @@ import torch
 
 import fxpiece
 from fxpiece import CompileConfig, ConfigError, Counters, Range
+from fxpiece.config import (
+    DYNAMIC_MODES,
+    EnvVar,
+    Keyed,
+    NotKeyed,
+    config_factors,
+    env_variables,
+    field_specs,
+    option,
+)
 from fxpiece.context import current_model_tag, set_model_tag
 from fxpiece.ranges import choose_entry, compile_entries, ranges_from_endpoints
 from fxpiece.toy_llama import ATTENTION_OP
@@ -314,27 +325,90 @@ def test_from_env_uses_the_mapping_not_os_environ(monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.parametrize(
-    ("var", "raw", "field"),
+    ("var", "raw"),
     [
-        ("FXPIECE_DISABLE_CACHE", "maybe", "FXPIECE_DISABLE_CACHE"),
-        ("FXPIECE_STRICT", "2", "FXPIECE_STRICT"),
-        ("FXPIECE_COMPILE_SIZES", "a,b", "FXPIECE_COMPILE_SIZES"),
-        ("FXPIECE_COMPILE_SIZES", "1.5", "FXPIECE_COMPILE_SIZES"),
-        ("FXPIECE_COMPILE_RANGES_ENDPOINTS", "8;32", "FXPIECE_COMPILE_RANGES_ENDPOINTS"),
-        ("FXPIECE_MAX_NUM_TOKENS", "lots", "FXPIECE_MAX_NUM_TOKENS"),
-        ("FXPIECE_COMPILER", "tvm", "compiler"),
-        ("FXPIECE_MODEL_TAG", "../x", "model_tag"),
-        ("FXPIECE_COMPILE_SIZES", "0", "compile_sizes"),
-        ("FXPIECE_MAX_NUM_TOKENS", "0", "max_num_tokens"),
-        ("FXPIECE_SPLITTING_OPS", "aten::no_such_op_xyz", "splitting_ops"),
-        ("FXPIECE_DYNAMIC", "static", "dynamic"),
+        ("FXPIECE_DISABLE_CACHE", "maybe"),
+        ("FXPIECE_STRICT", "2"),
+        ("FXPIECE_AOT", "enabled"),
+        ("FXPIECE_COMPILE_SIZES", "a,b"),
+        ("FXPIECE_COMPILE_SIZES", "1.5"),
+        ("FXPIECE_COMPILE_RANGES_ENDPOINTS", "8;32"),
+        ("FXPIECE_MAX_NUM_TOKENS", "lots"),
+        ("FXPIECE_MAX_PARALLEL_COMPILES", "many"),
     ],
 )
-def test_from_env_bad_values(var: str, raw: str, field: str) -> None:
+def test_from_env_unparsable_value_names_the_variable_and_the_fix(var: str, raw: str) -> None:
     with pytest.raises(ConfigError) as ei:
         CompileConfig.from_env({var: raw})
-    assert ei.value.field == field
-    assert raw in str(ei.value) or field != var
+    assert isinstance(ei.value, ValueError)
+    assert ei.value.field == var
+    msg = str(ei.value)
+    assert msg.startswith(f"{var}: {raw!r} is not ")
+    assert "unset" in msg  # the fix: a valid value, or leave the variable unset
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "field", "reason"),
+    [
+        ("FXPIECE_COMPILER", "tvm", "compiler", "use one of inductor, inductor-fx-cache, eager"),
+        ("FXPIECE_MODEL_TAG", "../x", "model_tag", ""),
+        ("FXPIECE_COMPILE_SIZES", "0", "compile_sizes", "every entry must be an int"),
+        ("FXPIECE_MAX_NUM_TOKENS", "0", "max_num_tokens", "must be an int in [1, "),
+        ("FXPIECE_MAX_PARALLEL_COMPILES", "0", "max_parallel_compiles", "an int >= 1"),
+        ("FXPIECE_SPLITTING_OPS", "aten::no_such_op_xyz", "splitting_ops", "no_such_op_xyz"),
+        ("FXPIECE_DYNAMIC", "static", "dynamic", "must be one of auto, backed, unbacked"),
+        ("FXPIECE_CACHE_ROOT", "a\x00b", "cache_dir", "without NUL bytes"),
+    ],
+)
+def test_from_env_value_its_field_rejects_names_the_variable(
+    var: str, raw: str, field: str, reason: str
+) -> None:
+    with pytest.raises(ConfigError) as ei:
+        CompileConfig.from_env({var: raw})
+    assert ei.value.field == var
+    msg = str(ei.value)
+    assert msg.startswith(f"{var}: {raw!r} is not a valid {field}: ")
+    assert reason in msg  # the field's own reason, which says how to fix it
+    assert msg.endswith(f"fix or unset {var}")
+    cause = ei.value.__cause__
+    assert isinstance(cause, ConfigError) and cause.field == field
+
+
+def test_from_env_cross_field_error_names_the_variable_that_set_the_field() -> None:
+    with pytest.raises(ConfigError) as ei:
+        CompileConfig.from_env({"FXPIECE_COMPILE_SIZES": "16,64", "FXPIECE_MAX_NUM_TOKENS": "32"})
+    assert ei.value.field == "FXPIECE_COMPILE_SIZES"
+    assert "[64] exceed max_num_tokens=32" in str(ei.value)
+
+
+def test_from_env_override_errors_name_the_field_and_overrides_win() -> None:
+    # The bad value comes from an override, not the environment: named as
+    # the constructor names it.
+    with pytest.raises(ConfigError) as ei:
+        CompileConfig.from_env({"FXPIECE_COMPILER": "eager"}, max_num_tokens=0)
+    assert ei.value.field == "max_num_tokens"
+    # An override replaces a bad variable's value before it is validated.
+    cfg = CompileConfig.from_env({"FXPIECE_COMPILER": "tvm"}, compiler="eager")
+    assert cfg.compiler == "eager"
+    # ...but not before it is parsed: an unparsable value is an error anyway.
+    with pytest.raises(ConfigError) as ei:
+        CompileConfig.from_env({"FXPIECE_MAX_NUM_TOKENS": "x"}, max_num_tokens=8)
+    assert ei.value.field == "FXPIECE_MAX_NUM_TOKENS"
+
+
+def test_from_env_empty_values() -> None:
+    """An empty flag is false and an empty list is empty; an empty scalar
+    leaves the field at its default."""
+    env = {var: "" for var in env_variables()}
+    cfg = CompileConfig.from_env(env)
+    assert cfg.aot is False and cfg.disable_cache is False
+    assert cfg.compile_sizes == () and cfg.splitting_ops == ()
+    base = CompileConfig()
+    assert cfg.max_num_tokens == base.max_num_tokens and cfg.compiler == base.compiler
+    assert cfg.cache_dir is None and cfg.model_tag == base.model_tag
+    assert cfg.dynamic == base.dynamic and cfg.max_parallel_compiles is None
+    non_empty = CompileConfig.from_env({"FXPIECE_AOT": "1", "FXPIECE_COMPILE_SIZES": "4"})
+    assert non_empty.aot is True and non_empty.compile_sizes == (4,)
 
 
 # -- model tag -----------------------------------------------------------------
@@ -537,3 +611,235 @@ def test_config_factors_are_pinned(name: str) -> None:
     got = config_factors(_pinned_configs()[name])
     assert json.dumps(got) == want_json  # same factors, same order
     assert hash_factors(got) == want_hash
+
+
+# -- field metadata ------------------------------------------------------------
+
+# A value other than the default for every field: changing a NotKeyed field
+# must leave the key alone, changing a Keyed one must move it. A field added
+# without a sample here fails test_every_field_has_a_sample.
+_SAMPLES: dict[str, Any] = {
+    "splitting_ops": [ATTENTION_OP],
+    "compile_ranges_endpoints": [8],
+    "max_num_tokens": 64,
+    "compile_sizes": [4],
+    "compiler": "eager",
+    "cache_dir": "/tmp/elsewhere",
+    "disable_cache": True,
+    "inductor_config": {"max_autotune": True},
+    "post_grad_passes": [_FixedPass()],
+    "model_tag": "other",
+    "use_inductor_graph_partition": True,
+    "strict": True,
+    "cache_readonly": True,
+    "require_cache_hit": True,
+    "allow_untrusted_cache": True,
+    "lock_timeout": 1.0,
+    "lease_ttl": 1.0,
+    "max_parallel_compiles": 2,
+    "static_graph_wrapper": lambda fn, i, e: fn,
+    "dynamic": "backed",
+    "aot": False,
+}
+
+# What from_env read before it was generated from the fields (all 15
+# variables, each setting the same field).
+_ENV_BEFORE = {
+    "FXPIECE_CACHE_ROOT": "cache_dir",
+    "FXPIECE_DISABLE_CACHE": "disable_cache",
+    "FXPIECE_ALLOW_UNTRUSTED_CACHE": "allow_untrusted_cache",
+    "FXPIECE_CACHE_READONLY": "cache_readonly",
+    "FXPIECE_REQUIRE_CACHE_HIT": "require_cache_hit",
+    "FXPIECE_AOT": "aot",
+    "FXPIECE_MAX_PARALLEL_COMPILES": "max_parallel_compiles",
+    "FXPIECE_STRICT": "strict",
+    "FXPIECE_COMPILER": "compiler",
+    "FXPIECE_DYNAMIC": "dynamic",
+    "FXPIECE_MODEL_TAG": "model_tag",
+    "FXPIECE_SPLITTING_OPS": "splitting_ops",
+    "FXPIECE_COMPILE_SIZES": "compile_sizes",
+    "FXPIECE_COMPILE_RANGES_ENDPOINTS": "compile_ranges_endpoints",
+    "FXPIECE_MAX_NUM_TOKENS": "max_num_tokens",
+}
+
+
+def test_every_field_is_classified() -> None:
+    specs = dict(field_specs(CompileConfig))
+    assert list(specs) == [f.name for f in dataclasses.fields(CompileConfig)]
+    for name, spec in specs.items():
+        assert isinstance(spec.key, Keyed | NotKeyed), name
+        if isinstance(spec.key, NotKeyed):
+            assert len(spec.key.why) > 10, f"{name}: say why it cannot change compiled code"
+    keyed = {n for n, s in specs.items() if isinstance(s.key, Keyed)}
+    # The seven factors of the key, from these fields.
+    assert keyed == {
+        "splitting_ops",
+        "compile_ranges_endpoints",
+        "max_num_tokens",
+        "compile_sizes",
+        "compiler",
+        "inductor_config",
+        "post_grad_passes",
+        "use_inductor_graph_partition",
+        "dynamic",
+    }
+
+
+def test_an_unclassified_field_fails() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Plain:
+        a: int = option(1, key=Keyed())
+        b: int = 2
+
+    with pytest.raises(TypeError, match=r"Plain\.b is not classified for the cache key"):
+        field_specs(Plain)
+
+    @dataclasses.dataclass(frozen=True)
+    class OtherMetadata:
+        a: int = dataclasses.field(default=1, metadata={"doc": "x"})
+
+    with pytest.raises(TypeError, match=r"OtherMetadata\.a is not classified"):
+        field_specs(OtherMetadata)
+
+
+def test_one_factor_one_renderer_and_one_field_per_variable() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class TwoRenders:
+        a: int = option(1, key=Keyed("ab", render=lambda c: 1))
+        b: int = option(2, key=Keyed("ab", render=lambda c: 2))
+
+    with pytest.raises(TypeError, match=r"TwoRenders\.b: factor 'ab' is rendered differently"):
+        field_specs(TwoRenders)
+
+    @dataclasses.dataclass(frozen=True)
+    class SameVar:
+        a: int = option(1, key=NotKeyed("not keyed here"), env=EnvVar("X", lambda n, r: 1))
+        b: int = option(2, key=NotKeyed("not keyed here"), env=EnvVar("X", lambda n, r: 2))
+
+    with pytest.raises(TypeError, match=r"SameVar\.b: X already sets a"):
+        field_specs(SameVar)
+
+
+def test_every_field_has_a_sample() -> None:
+    assert set(_SAMPLES) == {f.name for f in dataclasses.fields(CompileConfig)}
+
+
+@pytest.mark.parametrize("name", sorted(_SAMPLES))
+def test_only_keyed_fields_change_the_key(name: str) -> None:
+    spec = dict(field_specs(CompileConfig))[name]
+    base = CompileConfig(max_num_tokens=128)
+    changes = {name: _SAMPLES[name]}
+    if name == "compile_ranges_endpoints":
+        changes["max_num_tokens"] = 128
+    other = CompileConfig(**{"max_num_tokens": 128, **changes})
+    same = config_factors(other) == config_factors(base)
+    assert same is isinstance(spec.key, NotKeyed), name
+
+
+def test_from_env_reads_the_same_variables_as_before() -> None:
+    assert env_variables() == _ENV_BEFORE
+
+
+def test_every_variable_sets_its_field(tmp_path: Path) -> None:
+    env = {
+        "FXPIECE_CACHE_ROOT": str(tmp_path),
+        "FXPIECE_DISABLE_CACHE": "1",
+        "FXPIECE_ALLOW_UNTRUSTED_CACHE": "on",
+        "FXPIECE_CACHE_READONLY": "yes",
+        "FXPIECE_REQUIRE_CACHE_HIT": "true",
+        "FXPIECE_AOT": "0",
+        "FXPIECE_MAX_PARALLEL_COMPILES": " 3 ",
+        "FXPIECE_STRICT": "1",
+        "FXPIECE_COMPILER": "eager",
+        "FXPIECE_DYNAMIC": "UNBACKED",
+        "FXPIECE_MODEL_TAG": "enc",
+        "FXPIECE_SPLITTING_OPS": ATTENTION_OP,
+        "FXPIECE_COMPILE_SIZES": "2",
+        "FXPIECE_COMPILE_RANGES_ENDPOINTS": "16",
+        "FXPIECE_MAX_NUM_TOKENS": "64",
+    }
+    assert set(env) == set(env_variables())
+    base = CompileConfig()
+    for var, field in env_variables().items():
+        cfg = CompileConfig.from_env({var: env[var]})
+        assert getattr(cfg, field) != getattr(base, field), var
+        others = [f.name for f in dataclasses.fields(CompileConfig) if f.name != field]
+        assert all(getattr(cfg, f) == getattr(base, f) for f in others), var
+    cfg = CompileConfig.from_env(env)
+    assert cfg.max_parallel_compiles == 3 and cfg.dynamic == "unbacked" and cfg.aot is False
+
+
+@pytest.mark.parametrize("mode", DYNAMIC_MODES)
+def test_every_dynamic_mode_resolves(mode: str) -> None:
+    from fxpiece.piecewise import _torch_compat
+
+    assert _torch_compat.resolve_dynamic(mode) in ("backed", "unbacked")
+    assert config_factors(CompileConfig(dynamic=mode))["dynamic"] in ("backed", "unbacked")
+
+
+def test_config_imports_nothing_that_imports_it_back() -> None:
+    """``fxpiece.config`` is at the bottom: no module it imports, at import
+    or lazily inside a function, imports it back (TYPE_CHECKING imports
+    aside)."""
+    graph = _import_graph(Path(fxpiece.__file__).parent)
+    reached: dict[str, str | None] = {"fxpiece.config": None}
+    todo = ["fxpiece.config"]
+    while todo:
+        mod = todo.pop()
+        for dep in sorted(graph[mod]):
+            if dep == "fxpiece.config":
+                chain = [mod]
+                while (parent := reached[chain[-1]]) is not None:
+                    chain.append(parent)
+                pytest.fail("import circle: " + " <- ".join(["fxpiece.config", *chain]))
+            if dep not in reached:
+                reached[dep] = mod
+                todo.append(dep)
+    # Lazy imports are followed: the torch-facing checks config calls.
+    assert {"fxpiece.piecewise.passes", "fxpiece.piecewise._torch_compat"} <= set(reached)
+
+
+def _import_graph(package_dir: Path) -> dict[str, set[str]]:
+    """Every module of the package with the package modules it imports:
+    every import statement, lazy ones inside functions included, but not
+    those under ``if TYPE_CHECKING:``; importing ``a.b.c`` counts ``a`` and
+    ``a.b`` too (their ``__init__`` runs)."""
+    root = package_dir.parent
+    files: dict[str, Path] = {}
+    for path in package_dir.rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text())
+        type_only = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for n in ast.walk(node)
+        }
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        named: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in type_only:
+                continue
+            if isinstance(node, ast.Import):
+                named.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                named.add(base)
+                named.update(f"{base}.{a.name}" for a in node.names)
+        deps: set[str] = set()
+        for mod in named:
+            parts = mod.split(".")
+            deps.update(
+                ".".join(parts[:i])
+                for i in range(1, len(parts) + 1)
+                if ".".join(parts[:i]) in files
+            )
+        deps.discard(name)
+        graph[name] = deps
+    return graph

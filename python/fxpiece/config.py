@@ -8,6 +8,26 @@
 Traceback (most recent call last):
 ...
 fxpiece.errors.ConfigError: max_num_tokens: must be an int in [1, 2147483647], got 0
+
+Every field declares, in its metadata (:func:`option`), whether it enters
+the cache key (:class:`Keyed`, with how it is rendered) or not
+(:class:`NotKeyed`, with why), and which ``FXPIECE_*`` variable sets it
+(:class:`EnvVar`, with its parser). :func:`config_factors` and
+:meth:`CompileConfig.from_env` are generated from that; a field without a
+classification fails at import.
+
+>>> from fxpiece.config import env_variables
+>>> env_variables()["FXPIECE_MAX_NUM_TOKENS"]
+'max_num_tokens'
+>>> CompileConfig.from_env({"FXPIECE_COMPILER": "tvm"})  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+fxpiece.errors.ConfigError: FXPIECE_COMPILER: 'tvm' is not a valid compiler: unknown ...
+
+This module is the bottom of the configuration: it imports no module that
+imports it back (the torch-facing checks and renderers it calls lazily,
+``piecewise.ops``, ``piecewise.interface``, ``piecewise.passes`` and
+``piecewise._torch_compat``, never import it).
 """
 
 from __future__ import annotations
@@ -20,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fxpiece.context import validate_path_part
 from fxpiece.errors import ConfigError
@@ -30,7 +50,21 @@ if TYPE_CHECKING:
     from fxpiece.piecewise.interface import CompilerInterface
     from fxpiece.piecewise.passes import InductorPass
 
-__all__ = ["BUILTIN_COMPILERS", "DYNAMIC_MODES", "CompileConfig", "default_cache_root"]
+__all__ = [
+    "BUILTIN_COMPILERS",
+    "DYNAMIC_MODES",
+    "CompileConfig",
+    "EnvVar",
+    "FieldSpec",
+    "Keyed",
+    "NotKeyed",
+    "config_factors",
+    "default_cache_root",
+    "env_variables",
+    "factor_value",
+    "field_specs",
+    "option",
+]
 
 MAX_TOKENS = 2**31 - 1
 """Largest token count (sizes are int32 in Inductor's generated code)."""
@@ -40,8 +74,13 @@ BUILTIN_COMPILERS = ("inductor", "inductor-fx-cache", "eager")
 DYNAMIC_MODES = ("auto", "backed", "unbacked")
 """Values of ``dynamic`` (torch-free here; ``_torch_compat`` resolves them)."""
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+_SPEC = "fxpiece"
+"""The key of a field's :class:`FieldSpec` in its ``metadata``."""
+
+T = TypeVar("T")
 
 
 def default_cache_root(env: Mapping[str, str] | None = None) -> Path:
@@ -97,13 +136,173 @@ def _json_like(v: Any, depth: int = 0) -> bool:
     return callable(getattr(v, "uuid", None))
 
 
-def _flag(name: str, raw: str) -> bool:
+# -- field metadata --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Keyed:
+    """The field enters the cache key as the factor ``factor`` (default: the
+    field's name), rendered by ``render(config)`` (default: the value as it
+    is). Fields that together make one factor (the ranges and sizes make
+    ``compile_entries``) name the same factor and the same renderer; it is
+    rendered once, where its first field stands."""
+
+    factor: str | None = None
+    render: Callable[[CompileConfig], Any] | None = None
+
+
+@dataclass(frozen=True)
+class NotKeyed:
+    """The field never enters the cache key: ``why`` it cannot change what
+    a compile produces."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """The environment variable that sets a field in
+    :meth:`CompileConfig.from_env`, and its parser ``parse(name, raw)``,
+    which raises :class:`ConfigError` naming the variable. An empty value
+    leaves the field at its default when ``empty_unsets``; otherwise it is
+    parsed (an empty flag is false, an empty list is empty)."""
+
+    name: str
+    parse: Callable[[str, str], Any]
+    empty_unsets: bool = True
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """What a :class:`CompileConfig` field declares about itself."""
+
+    key: Keyed | NotKeyed
+    env: EnvVar | None = None
+
+
+def option(default: T, *, key: Keyed | NotKeyed, env: EnvVar | None = None) -> T:
+    """A :class:`CompileConfig` field with its :class:`FieldSpec`."""
+    return field(default=default, metadata={_SPEC: FieldSpec(key=key, env=env)})
+
+
+def option_factory(
+    factory: Callable[[], T],
+    *,
+    key: Keyed | NotKeyed,
+    env: EnvVar | None = None,
+    hash: bool | None = None,
+) -> T:
+    """:func:`option` with a default made by ``factory`` for each config."""
+    return field(default_factory=factory, hash=hash, metadata={_SPEC: FieldSpec(key=key, env=env)})
+
+
+# -- environment parsers (each raises ConfigError naming the variable) -----------
+
+
+def _parse_flag(name: str, raw: str) -> bool:
     v = raw.strip().lower()
     if v in _TRUE:
         return True
     if v in _FALSE:
         return False
-    raise ConfigError(name, f"{raw!r} is not a boolean; use 1/0, true/false, yes/no or on/off")
+    raise ConfigError(
+        name, f"{raw!r} is not a boolean; use 1/0, true/false, yes/no or on/off, or unset {name}"
+    )
+
+
+def _parse_text(name: str, raw: str) -> str:
+    return raw
+
+
+def _parse_word(name: str, raw: str) -> str:
+    return raw.strip().lower()
+
+
+def _parse_int(name: str, raw: str) -> int:
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ConfigError(
+            name, f"{raw!r} is not an int; set a whole number or unset {name}"
+        ) from None
+
+
+def _parse_ints(name: str, raw: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in raw.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise ConfigError(
+            name, f"{raw!r} is not a comma-separated list of ints (such as '8,32'); fix or unset it"
+        ) from None
+
+
+def _parse_names(name: str, raw: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in raw.split(",") if s.strip())
+
+
+def _flag_var(name: str) -> EnvVar:
+    return EnvVar(name, _parse_flag, empty_unsets=False)
+
+
+# -- cache key renderers -----------------------------------------------------------
+
+
+def factor_value(name: str, v: Any) -> Any:
+    """A config value as a key factor: JSON-like values as they are, objects
+    with a ``uuid()`` (Inductor's custom passes) by it; a callable without
+    one cannot be keyed and raises :class:`~fxpiece.ConfigError`."""
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    if isinstance(v, list | tuple):
+        return [factor_value(name, x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): factor_value(name, x) for k, x in v.items()}
+    uuid = getattr(v, "uuid", None)
+    if callable(uuid):
+        return {"uuid": str(uuid())}
+    if callable(v):
+        raise ConfigError(
+            "inductor_config",
+            f"{name} is set to {v!r}, which has no uuid(): the cache cannot tell when it "
+            "changes. Make it a torch._inductor.custom_graph_pass.CustomGraphPass with a "
+            "uuid() (or an fxpiece.InductorPass in post_grad_passes), or disable the cache",
+        )
+    return f"{type(v).__module__}.{type(v).__qualname__}:{v}"
+
+
+def _render_splitting_ops(c: CompileConfig) -> list[str]:
+    from fxpiece.piecewise.ops import resolve_splitting_ops
+
+    return sorted(resolve_splitting_ops(c.splitting_ops).labels)
+
+
+def _render_entries(c: CompileConfig) -> list[list[int]]:
+    return [[r.start, r.end] for r in c.compile_entries]
+
+
+def _render_compiler(c: CompileConfig) -> str:
+    return c.compiler_name
+
+
+def _render_inductor_config(c: CompileConfig) -> dict[str, Any]:
+    return {k: factor_value(k, v) for k, v in sorted(c.inductor_config.items())}
+
+
+def _render_passes(c: CompileConfig) -> list[str]:
+    return [p.uuid() for p in c.post_grad_passes]
+
+
+def _render_dynamic(c: CompileConfig) -> str:
+    # Backed and unbacked token dims trace different graphs; "auto" is keyed
+    # as what it means on the installed torch.
+    from fxpiece.piecewise import _torch_compat
+
+    return _torch_compat.resolve_dynamic(c.dynamic)
+
+
+_ENTRIES = Keyed("compile_entries", _render_entries)
+_COORDINATION = "coordinates processes (waiting, leases, slots), never what a compile produces"
+_ACCESS = "decides how the cache is used, never what a compile produces"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,65 +311,123 @@ class CompileConfig:
 
     Validated on construction: a bad field raises :class:`ConfigError` naming
     the field and the fix. Lists are stored as sorted, deduplicated tuples.
+    Each field's metadata (:class:`FieldSpec`) says whether it enters the
+    cache key and which environment variable sets it.
     """
 
-    splitting_ops: Sequence[str | Callable[..., Any]] = ()
+    splitting_ops: Sequence[str | Callable[..., Any]] = option(
+        (),
+        key=Keyed(render=_render_splitting_ops),
+        env=EnvVar("FXPIECE_SPLITTING_OPS", _parse_names, empty_unsets=False),
+    )
     """Ops to split at: ``"ns::op"``, ``"ns::op.overload"``, callables or
     their dotted names (``"torch.nn.functional.scaled_dot_product_attention"``)."""
-    compile_ranges_endpoints: Sequence[int] = ()
+    compile_ranges_endpoints: Sequence[int] = option(
+        (),
+        key=_ENTRIES,
+        env=EnvVar("FXPIECE_COMPILE_RANGES_ENDPOINTS", _parse_ints, empty_unsets=False),
+    )
     """Range ends below ``max_num_tokens``; ``[8, 32]`` gives ``[1,8] [9,32] [33,max]``."""
-    max_num_tokens: int = 8192
+    max_num_tokens: int = option(
+        8192, key=_ENTRIES, env=EnvVar("FXPIECE_MAX_NUM_TOKENS", _parse_int)
+    )
     """End of the last range."""
-    compile_sizes: Sequence[int] = ()
+    compile_sizes: Sequence[int] = option(
+        (),
+        key=_ENTRIES,
+        env=EnvVar("FXPIECE_COMPILE_SIZES", _parse_ints, empty_unsets=False),
+    )
     """Exact sizes compiled with concrete shapes; they win over ranges."""
-    compiler: str | CompilerInterface = "inductor"
+    compiler: str | CompilerInterface = option(
+        "inductor",
+        key=Keyed(render=_render_compiler),
+        env=EnvVar("FXPIECE_COMPILER", _parse_text),
+    )
     """``"inductor"`` (standalone artifacts), ``"inductor-fx-cache"``,
     ``"eager"``, or a :class:`CompilerInterface`."""
-    cache_dir: str | None = None
+    cache_dir: str | None = option(
+        None,
+        key=NotKeyed("where the cache is, not what it holds (keys hold no paths)"),
+        env=EnvVar("FXPIECE_CACHE_ROOT", _parse_text),
+    )
     """Cache root; ``None`` means ``~/.cache/fxpiece`` (see :meth:`from_env`)."""
-    disable_cache: bool = False
+    disable_cache: bool = option(
+        False, key=NotKeyed(_ACCESS), env=_flag_var("FXPIECE_DISABLE_CACHE")
+    )
     """Switch every cache read and write off."""
-    inductor_config: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    inductor_config: Mapping[str, Any] = option_factory(
+        dict, key=Keyed(render=_render_inductor_config), hash=False
+    )
     """Inductor options (``torch._inductor.config`` names) used for every piece."""
-    post_grad_passes: Sequence[InductorPass] = ()
-    model_tag: str = "backbone"
+    post_grad_passes: Sequence[InductorPass] = option((), key=Keyed(render=_render_passes))
+    model_tag: str = option(
+        "backbone",
+        key=NotKeyed("names the cache sub-folder the keys are stored in"),
+        env=EnvVar("FXPIECE_MODEL_TAG", _parse_text),
+    )
     """Cache sub-folder; :func:`fxpiece.set_model_tag` overrides it."""
-    use_inductor_graph_partition: bool = False
+    use_inductor_graph_partition: bool = option(False, key=Keyed())
     """No FX pre-split: Inductor partitions at the splitting ops (if supported)."""
-    strict: bool = False
+    strict: bool = option(
+        False,
+        key=NotKeyed("decides at run time what a size no entry serves does"),
+        env=_flag_var("FXPIECE_STRICT"),
+    )
     """A token count outside every range raises instead of running uncompiled."""
-    cache_readonly: bool = False
+    cache_readonly: bool = option(
+        False, key=NotKeyed(_ACCESS), env=_flag_var("FXPIECE_CACHE_READONLY")
+    )
     """Load hits, compile misses in memory, never write (works on a
     read-only mount)."""
-    require_cache_hit: bool = False
+    require_cache_hit: bool = option(
+        False, key=NotKeyed(_ACCESS), env=_flag_var("FXPIECE_REQUIRE_CACHE_HIT")
+    )
     """Deployments that must never compile: a miss raises
     :class:`~fxpiece.CacheMissError` naming the factors that differ from the
     nearest cached key."""
-    allow_untrusted_cache: bool = False
+    allow_untrusted_cache: bool = option(
+        False, key=NotKeyed(_ACCESS), env=_flag_var("FXPIECE_ALLOW_UNTRUSTED_CACHE")
+    )
     """Load from a cache folder that other users can write (they could make
     us run their code); refused by default."""
-    lock_timeout: float = 900.0
+    lock_timeout: float = option(900.0, key=NotKeyed(_COORDINATION))
     """Seconds to wait for another process compiling the same piece before
     compiling it here too."""
-    lease_ttl: float = 30.0
+    lease_ttl: float = option(30.0, key=NotKeyed(_COORDINATION))
     """A compile lease not renewed for this long (its holder's host is gone)
     may be taken over; a dead holder on this host is taken over at once."""
-    max_parallel_compiles: int | None = None
+    max_parallel_compiles: int | None = option(
+        None,
+        key=NotKeyed(_COORDINATION),
+        env=EnvVar("FXPIECE_MAX_PARALLEL_COMPILES", _parse_int),
+    )
     """Compiles that may run at once on one host, across every process of
     the job (a per-host counting semaphore of slot files, see
     :mod:`fxpiece.cache.slots`); ``None``: the cores this process may use
     divided by Inductor's compile threads, at least 1. Not part of the key."""
-    static_graph_wrapper: Callable[..., Any] | None = None
+    static_graph_wrapper: Callable[..., Any] | None = option(
+        None, key=NotKeyed("wraps a loaded piece at run time; what is stored is unwrapped")
+    )
     """Per-piece wrapper factory ``wrapper(fn, piece_index, entry) -> callable``
     (CUDA graphs on GPU); see :mod:`fxpiece.wrappers`."""
-    dynamic: str = "auto"
+    dynamic: str = option(
+        "auto",
+        key=Keyed(render=_render_dynamic),
+        env=EnvVar("FXPIECE_DYNAMIC", _parse_word),
+    )
     """How :func:`fxpiece.compile` makes token dims dynamic: ``"unbacked"``
     (``mark_unbacked``: no hint, never specialised), ``"backed"``
     (``mark_dynamic`` traced with ``backed_size_oblivious``, so 0 and 1 are
     not specialised either), or ``"auto"`` (what works on the installed
     torch: ``"unbacked"`` on 2.9 to 2.15). Either way one graph serves every
     token count, 0 and 1 included."""
-    aot: bool = True
+    aot: bool = option(
+        True,
+        key=NotKeyed(
+            "decides whether Dynamo's output is saved too; those entries have their own key"
+        ),
+        env=_flag_var("FXPIECE_AOT"),
+    )
     """:func:`fxpiece.compile` only: on a cold start, also save what Dynamo
     produced (bytecode, guards, the graph) when the model traces as one
     graph, and on a warm start load it instead of tracing again (where
@@ -314,75 +571,91 @@ class CompileConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> CompileConfig:
-        """Build a config from ``FXPIECE_*`` variables (the only place the
-        environment is read), then apply ``overrides``.
+        """Build a config from the ``FXPIECE_*`` variables (the only place the
+        environment is read; :func:`env_variables` lists them with the field
+        each sets), then apply ``overrides``.
 
-        ``FXPIECE_CACHE_ROOT``, ``FXPIECE_DISABLE_CACHE``, ``FXPIECE_COMPILER``,
-        ``FXPIECE_SPLITTING_OPS`` (comma-separated), ``FXPIECE_COMPILE_SIZES``,
-        ``FXPIECE_COMPILE_RANGES_ENDPOINTS``, ``FXPIECE_MAX_NUM_TOKENS``,
-        ``FXPIECE_MODEL_TAG``, ``FXPIECE_STRICT``, ``FXPIECE_REQUIRE_CACHE_HIT``,
-        ``FXPIECE_CACHE_READONLY``,
-        ``FXPIECE_ALLOW_UNTRUSTED_CACHE``, ``FXPIECE_DYNAMIC``, ``FXPIECE_AOT``,
-        ``FXPIECE_MAX_PARALLEL_COMPILES``.
+        A value that does not parse, or that its field rejects, raises
+        :class:`ConfigError` naming the variable (``field`` is its name) and
+        the fix; an override's error names the field as the constructor does.
         """
         e = os.environ if env is None else env
         kw: dict[str, Any] = {}
-
-        def ints(var: str) -> tuple[int, ...]:
-            raw = e[var]
-            try:
-                return tuple(int(x) for x in raw.replace(" ", "").split(",") if x)
-            except ValueError:
-                raise ConfigError(var, f"{raw!r} is not a comma-separated list of ints") from None
-
-        if e.get("FXPIECE_CACHE_ROOT"):
-            kw["cache_dir"] = e["FXPIECE_CACHE_ROOT"]
-        if "FXPIECE_DISABLE_CACHE" in e:
-            kw["disable_cache"] = _flag("FXPIECE_DISABLE_CACHE", e["FXPIECE_DISABLE_CACHE"])
-        if "FXPIECE_ALLOW_UNTRUSTED_CACHE" in e:
-            kw["allow_untrusted_cache"] = _flag(
-                "FXPIECE_ALLOW_UNTRUSTED_CACHE", e["FXPIECE_ALLOW_UNTRUSTED_CACHE"]
-            )
-        if "FXPIECE_CACHE_READONLY" in e:
-            kw["cache_readonly"] = _flag("FXPIECE_CACHE_READONLY", e["FXPIECE_CACHE_READONLY"])
-        if "FXPIECE_REQUIRE_CACHE_HIT" in e:
-            kw["require_cache_hit"] = _flag(
-                "FXPIECE_REQUIRE_CACHE_HIT", e["FXPIECE_REQUIRE_CACHE_HIT"]
-            )
-        if "FXPIECE_AOT" in e:
-            kw["aot"] = _flag("FXPIECE_AOT", e["FXPIECE_AOT"])
-        if e.get("FXPIECE_MAX_PARALLEL_COMPILES"):
-            raw = e["FXPIECE_MAX_PARALLEL_COMPILES"].strip()
-            try:
-                kw["max_parallel_compiles"] = int(raw)
-            except ValueError:
-                raise ConfigError(
-                    "FXPIECE_MAX_PARALLEL_COMPILES", f"{raw!r} is not an int (compiles per host)"
-                ) from None
-        if "FXPIECE_STRICT" in e:
-            kw["strict"] = _flag("FXPIECE_STRICT", e["FXPIECE_STRICT"])
-        if e.get("FXPIECE_COMPILER"):
-            kw["compiler"] = e["FXPIECE_COMPILER"]
-        if e.get("FXPIECE_DYNAMIC"):
-            kw["dynamic"] = e["FXPIECE_DYNAMIC"].strip().lower()
-        if e.get("FXPIECE_MODEL_TAG"):
-            kw["model_tag"] = e["FXPIECE_MODEL_TAG"]
-        if "FXPIECE_SPLITTING_OPS" in e:
-            kw["splitting_ops"] = tuple(
-                s.strip() for s in e["FXPIECE_SPLITTING_OPS"].split(",") if s.strip()
-            )
-        if "FXPIECE_COMPILE_SIZES" in e:
-            kw["compile_sizes"] = ints("FXPIECE_COMPILE_SIZES")
-        if "FXPIECE_COMPILE_RANGES_ENDPOINTS" in e:
-            kw["compile_ranges_endpoints"] = ints("FXPIECE_COMPILE_RANGES_ENDPOINTS")
-        if e.get("FXPIECE_MAX_NUM_TOKENS"):
-            raw = e["FXPIECE_MAX_NUM_TOKENS"]
-            try:
-                kw["max_num_tokens"] = int(raw)
-            except ValueError:
-                raise ConfigError("FXPIECE_MAX_NUM_TOKENS", f"{raw!r} is not an int") from None
+        source: dict[str, str] = {}
+        for name, spec in _SPECS:
+            var = spec.env
+            if var is None or var.name not in e or (var.empty_unsets and e[var.name] == ""):
+                continue
+            kw[name] = var.parse(var.name, e[var.name])
+            source[name] = var.name
+        for name in overrides:
+            source.pop(name, None)
         kw.update(overrides)
-        return cls(**kw)
+        try:
+            return cls(**kw)
+        except ConfigError as err:
+            var_name = source.get(err.field)
+            if var_name is None:
+                raise
+            reason = str(err).removeprefix(f"{err.field}: ")
+            raise ConfigError(
+                var_name,
+                f"{e[var_name]!r} is not a valid {err.field}: {reason}; fix or unset {var_name}",
+            ) from err
+
+
+def field_specs(cls: type[Any]) -> tuple[tuple[str, FieldSpec], ...]:
+    """Each field of dataclass ``cls`` with its :class:`FieldSpec`, in
+    order. Raises ``TypeError`` naming a field that is not classified (no
+    spec: neither :class:`Keyed` nor :class:`NotKeyed`), a factor two fields
+    render differently, or a variable two fields claim."""
+    out: list[tuple[str, FieldSpec]] = []
+    renders: dict[str, Callable[[CompileConfig], Any] | None] = {}
+    claimed: dict[str, str] = {}
+    for f in dataclasses.fields(cls):
+        spec = f.metadata.get(_SPEC)
+        if not isinstance(spec, FieldSpec) or not isinstance(spec.key, Keyed | NotKeyed):
+            raise TypeError(
+                f"{cls.__name__}.{f.name} is not classified for the cache key: declare it "
+                "with fxpiece.config.option(default, key=Keyed(...)) if it can change what a "
+                "compile produces, or key=NotKeyed('why not') if it cannot"
+            )
+        if isinstance(spec.key, Keyed):
+            factor = spec.key.factor or f.name
+            if renders.setdefault(factor, spec.key.render) is not spec.key.render:
+                raise TypeError(
+                    f"{cls.__name__}.{f.name}: factor {factor!r} is rendered differently by "
+                    "another field; fields that make one factor share one Keyed(...)"
+                )
+        if spec.env is not None:
+            other = claimed.setdefault(spec.env.name, f.name)
+            if other != f.name:
+                raise TypeError(f"{cls.__name__}.{f.name}: {spec.env.name} already sets {other}")
+        out.append((f.name, spec))
+    return tuple(out)
+
+
+_SPECS = field_specs(CompileConfig)
+"""Every field's spec, checked once at import: an unclassified field fails here."""
+
+
+def config_factors(config: CompileConfig) -> dict[str, Any]:
+    """The config's part of the cache key: every :class:`Keyed` field,
+    rendered, in field order (fields making one factor render it once)."""
+    out: dict[str, Any] = {}
+    for name, spec in _SPECS:
+        key = spec.key
+        if isinstance(key, Keyed):
+            factor = key.factor or name
+            if factor not in out:
+                out[factor] = key.render(config) if key.render else getattr(config, name)
+    return out
+
+
+def env_variables() -> dict[str, str]:
+    """Each ``FXPIECE_*`` variable :meth:`CompileConfig.from_env` reads, with
+    the field it sets."""
+    return {spec.env.name: name for name, spec in _SPECS if spec.env is not None}
 
 
 def _is_compiler(c: Any) -> bool:

@@ -7,8 +7,10 @@ Six groups of factors (:class:`~fxpiece.cache.keys.KeyFactors`):
 - ``env``: an explicit allow-list of environment variables that change
   generated code (never ports, ranks, HOME, paths or other per-process values);
 - ``config``: every :class:`~fxpiece.CompileConfig` field that changes compiled
-  code (no paths), the resolved Inductor options (minus paths and logging),
-  and the Dynamo graph itself (its code and input metadata);
+  code (no paths; each field declares it, see
+  :func:`fxpiece.config.config_factors`, defined there and re-exported
+  here with :func:`~fxpiece.config.factor_value`), the resolved Inductor
+  options (minus paths and logging), and the Dynamo graph itself (its code and input metadata);
 - ``code``: every source file Dynamo traced for the graph (``hash_files``);
 - ``compiler``: torch version and build, Python, machine, CPU vector ISA, the
   C++ compiler, and the compiler adaptor's own hash.
@@ -28,8 +30,7 @@ import torch
 
 import fxpiece
 from fxpiece.cache.keys import GROUPS, KeyFactors
-from fxpiece.config import CompileConfig
-from fxpiece.errors import ConfigError
+from fxpiece.config import CompileConfig, config_factors, factor_value
 from fxpiece.hashing import hash_factors, hash_files_report
 from fxpiece.piecewise import _torch_compat
 
@@ -69,47 +70,6 @@ def inductor_factors(overrides: Mapping[str, Any]) -> dict[str, Any]:
     cfg.update(overrides)
     deny = _torch_compat.INDUCTOR_NOT_IN_KEY
     return {k: factor_value(k, v) for k, v in sorted(cfg.items()) if k not in deny}
-
-
-def factor_value(name: str, v: Any) -> Any:
-    """A config value as a key factor: JSON-like values as they are, objects
-    with a ``uuid()`` (Inductor's custom passes) by it; a callable without
-    one cannot be keyed and raises :class:`~fxpiece.ConfigError`."""
-    if v is None or isinstance(v, bool | int | float | str):
-        return v
-    if isinstance(v, list | tuple):
-        return [factor_value(name, x) for x in v]
-    if isinstance(v, dict):
-        return {str(k): factor_value(name, x) for k, x in v.items()}
-    uuid = getattr(v, "uuid", None)
-    if callable(uuid):
-        return {"uuid": str(uuid())}
-    if callable(v):
-        raise ConfigError(
-            "inductor_config",
-            f"{name} is set to {v!r}, which has no uuid(): the cache cannot tell when it "
-            "changes. Make it a torch._inductor.custom_graph_pass.CustomGraphPass with a "
-            "uuid() (or an fxpiece.InductorPass in post_grad_passes), or disable the cache",
-        )
-    return f"{type(v).__module__}.{type(v).__qualname__}:{v}"
-
-
-def config_factors(config: CompileConfig) -> dict[str, Any]:
-    """Fields of ``config`` that change compiled code; no paths."""
-    from fxpiece.piecewise.ops import resolve_splitting_ops
-
-    return {
-        "splitting_ops": sorted(resolve_splitting_ops(config.splitting_ops).labels),
-        "compile_entries": [[r.start, r.end] for r in config.compile_entries],
-        "compiler": config.compiler_name,
-        "inductor_config": {
-            k: factor_value(k, v) for k, v in sorted(config.inductor_config.items())
-        },
-        "post_grad_passes": [p.uuid() for p in config.post_grad_passes],
-        "use_inductor_graph_partition": config.use_inductor_graph_partition,
-        # Backed and unbacked token dims trace different graphs.
-        "dynamic": _torch_compat.resolve_dynamic(config.dynamic),
-    }
 
 
 @functools.lru_cache(maxsize=1)

@@ -20,7 +20,6 @@ import torch
 import torch.fx
 
 from fxpiece.cache.safeio import read_regular
-from fxpiece.config import DYNAMIC_MODES
 from fxpiece.piecewise._torch_compat.loading import (
     LoadedArtifact,
     load_standalone_bytes,
@@ -28,7 +27,6 @@ from fxpiece.piecewise._torch_compat.loading import (
 )
 
 __all__ = [
-    "DYNAMIC_MODES",
     "VERIFIED_TORCH",
     "CustomGraphPassBase",
     "InductorDirs",
@@ -430,12 +428,14 @@ def resolve_dynamic(mode: str) -> str:
     (2.9 to 2.15; verified on :data:`VERIFIED_TORCH`): unbacked sizes are
     never specialised, so one graph serves every token count without
     touching Dynamo's global config. Both modes give one graph for every
-    token count, 0 and 1 included, on those releases."""
-    if mode not in DYNAMIC_MODES:
-        raise ValueError(f"unknown dynamic mode {mode!r}; use one of {DYNAMIC_MODES}")
-    if mode != "auto":
+    token count, 0 and 1 included, on those releases. (Kept free of
+    :mod:`fxpiece.config`, which calls it: every mode of
+    ``fxpiece.config.DYNAMIC_MODES`` resolves, a test checks.)"""
+    if mode == "auto":
+        return "unbacked"
+    if mode in ("backed", "unbacked"):
         return mode
-    return "unbacked"
+    raise ValueError(f"unknown dynamic mode {mode!r}; use auto, backed or unbacked")
 
 
 def mark_token_dim(t: torch.Tensor, dim: int, mode: str = "auto") -> None:

@@ -46,8 +46,8 @@ def main() -> None:
         compile_sizes=[8],
         cache_dir=cache,
     )
-    backend_cls = DistributedBackend if a.no_shared_fs else fxpiece.Backend
-    compiled = fxpiece.compile(model, config, backend_cls=backend_cls)
+    backend = DistributedBackend(config) if a.no_shared_fs else fxpiece.Backend(config)
+    compiled = fxpiece.compile(model, backend=backend)
     dist.barrier()
     t0 = time.perf_counter()
     ids = torch.arange(24)

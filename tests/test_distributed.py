@@ -26,7 +26,7 @@ RANK = textwrap.dedent(
         splitting_ops=["fxpiece_toy::attention"], compile_ranges_endpoints=[8],
         max_num_tokens=64, compiler=sys.argv[2], cache_dir=cache,
     )
-    cm = fxpiece.compile(m, cfg, backend_cls=DistributedBackend)
+    cm = fxpiece.compile(m, backend=DistributedBackend(cfg))
     ids = torch.arange(5)
     with torch.no_grad():
         ok = torch.allclose(cm(ids), m(ids), atol=1e-4)

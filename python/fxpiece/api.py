@@ -222,7 +222,7 @@ def compile(
     model: Callable[..., Any],
     config: CompileConfig | None = None,
     dynamic_arg_dims: DynamicArgDims | None = None,
-    backend_cls: type[Backend] = Backend,
+    backend: Backend | None = None,
     varying_dims: DynamicArgDims | None = None,
 ) -> CompiledModel:
     """Compile ``model`` piecewise.
@@ -231,8 +231,15 @@ def compile(
     dims that vary with the token count; by default dim 0 of every tensor
     argument. Those dims are marked dynamic on every call (backed or unbacked:
     ``config.dynamic``), so one graph serves every token count, 0 and 1
-    included. ``backend_cls`` chooses the backend class (e.g.
-    :class:`fxpiece.distributed.DistributedBackend`).
+    included.
+
+    ``backend`` is the backend to compile with, made by the caller with
+    whatever it takes: ``Backend(config, progress=report)`` to follow each
+    (piece, entry) as it is compiled or loaded, or
+    ``fxpiece.distributed.DistributedBackend(config, group=pg)`` for a
+    process group other than the default one. It carries the config, so
+    ``config`` is then left out (or is that same config). By default,
+    ``Backend(config)``. A backend serves one compiled model.
 
     ``varying_dims`` maps arguments to other dims that vary from call to
     call but are not the token count, such as a KV cache's length
@@ -246,5 +253,35 @@ def compile(
     ...                     disable_cache=True))
     >>> m(torch.ones(3, 4)).shape
     torch.Size([3, 4])
+    >>> events = []
+    >>> cfg = fxpiece.CompileConfig(compiler="eager", disable_cache=True)
+    >>> m = fxpiece.compile(torch.nn.Linear(4, 4), backend=fxpiece.Backend(cfg, events.append))
+    >>> m(torch.ones(3, 4)).shape
+    torch.Size([3, 4])
+    >>> [e.action for e in events]
+    ['compiled']
     """
-    return CompiledModel(model, backend_cls(config), dynamic_arg_dims, varying_dims)
+    return CompiledModel(model, _backend_for(config, backend), dynamic_arg_dims, varying_dims)
+
+
+def _backend_for(config: CompileConfig | None, backend: Backend | None) -> Backend:
+    """``backend`` checked against ``config``, or a new ``Backend(config)``."""
+    if backend is None:
+        return Backend(config)
+    if isinstance(backend, type):
+        raise ConfigError(
+            "backend",
+            f"got the class {backend.__qualname__}; pass an instance made with the "
+            f"arguments it needs, e.g. backend={backend.__qualname__}(config, progress=...)",
+        )
+    if not isinstance(backend, Backend):
+        raise ConfigError(
+            "backend", f"must be a fxpiece.Backend (or a subclass) instance, got {backend!r}"
+        )
+    if config is not None and config != backend.config:
+        raise ConfigError(
+            "config",
+            "differs from backend.config; the backend carries the config: pass it to the "
+            "backend and leave config out",
+        )
+    return backend

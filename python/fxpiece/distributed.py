@@ -16,7 +16,7 @@ one rank):
 >>> import tempfile, torch, torch.distributed as dist, fxpiece
 >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 >>> config = fxpiece.CompileConfig(compiler="eager", cache_dir=tempfile.mkdtemp())
->>> model = fxpiece.compile(torch.nn.Linear(4, 4), config, backend_cls=DistributedBackend)
+>>> model = fxpiece.compile(torch.nn.Linear(4, 4), backend=DistributedBackend(config))
 >>> model(torch.ones(3, 4)).shape
 torch.Size([3, 4])
 >>> model.start.path  # its ranks build at the same point: Dynamo traces on every start

@@ -104,5 +104,5 @@ def run_toy_subprocess(
     cwd: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """:func:`programs.toy.run_toy` in a fresh interpreter."""
-    result: dict[str, Any] = run_py.program("toy", json.dumps(spec), env=env, cwd=cwd)
+    result: dict[str, Any] = run_py.program("run_toy", json.dumps(spec), env=env, cwd=cwd)
     return result

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,7 +10,7 @@ import torch
 
 import fxpiece
 from fxpiece.toy_llama import ToyLlama, ToyLlamaConfig
-from programs.report import counter_diff, report
+from programs.report import counter_diff
 
 
 def token_ids(n: int, vocab: int = 512) -> torch.Tensor:
@@ -43,7 +41,7 @@ class RecordRange(fxpiece.InductorPass):
 
 def run_toy(spec: Mapping[str, Any], keep: dict[str, Any] | None = None) -> dict[str, Any]:
     """Compile the toy model with ``fxpiece.compile`` and run it for each
-    size; used in-process and (``python -m programs.toy SPEC``) in subprocesses.
+    size; used in-process and (``python -m programs.run_toy SPEC``) in subprocesses.
 
     ``spec``: ``layers``, ``dtype``, ``sdpa``, ``config`` (CompileConfig
     kwargs), ``pass_tag`` (add a :class:`RecordRange`), ``sizes``, ``out`` (a
@@ -82,8 +80,3 @@ def run_toy(spec: Mapping[str, Any], keep: dict[str, Any] | None = None) -> dict
         "pass_seen": [str(r) for r in rec.seen] if rec else [],
         "num_graphs": len(cm.stats.graphs),
     }
-
-
-if __name__ == "__main__":
-    # python -m programs.toy SPEC_JSON: report run_toy(SPEC).
-    report(run_toy(json.loads(sys.argv[1])))

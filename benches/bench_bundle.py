@@ -9,7 +9,7 @@ phases):
 (a) floor: the child holds a payload of N bytes and nothing else; the
     reference every other number is compared with.
 (b) warm start, the real path of ``Backend._restore_kernels``:
-    ``ArtifactStore.load(handle)`` of a stored bundle of N bytes, then
+    ``ArtifactStore.load_buffer(handle)`` of a stored bundle of N bytes, then
     ``KernelDir.unpack(payload)``. Reported as the whole child's peak and its
     two phases: the load's peak and what the unpack adds on top of the
     payload it was handed.
@@ -119,7 +119,7 @@ def child_restore(size: int, work: str, kernels: str | None) -> dict[str, int]:
     handle = json.loads((Path(work) / "handle.json").read_text())
     _reset_peak()
     base = _status()["VmRSS"]
-    payload = store.load(handle)
+    payload = store.load_buffer(handle)
     assert payload is not None, "the stored bundle did not load"
     load_peak = _status()["VmHWM"]
     _reset_peak()

@@ -231,3 +231,26 @@ def test_a_corrupt_kernel_bundle_is_reported_by_one_start_only(
     assert not [m for m in second["logs"] if "corrupt" in m], second["logs"]
     assert second["counters"]["num_inductor_compiles"] == 0, second
     assert torch.tensor(second["out"]["a"]["diff"]) < 1e-4
+
+
+def test_a_deleted_kernel_bundle_is_reported_by_one_start_only(
+    run_py: PyRunner, tmp_path: Path
+) -> None:
+    """A bundle removed outright (nothing to move aside): its entry goes with
+    the first start's warning; the next start is silent."""
+    cache = tmp_path / "cache"
+    cold = _run(run_py, cache, [("f", "a")])
+    index = CacheIndex(str(Path(cold["out"]["a"]["folder"]) / "index"), readonly=True)
+    bundles = [v for k, v in index.entries() if is_kernels_key(k)]
+    assert bundles, "the compile built kernels"
+    (cache / bundles[0]["handle"]["artifact"]).unlink()
+
+    first = _run(run_py, cache, [("f", "a")])  # outputs checked against eager
+    assert first["counters"]["num_corrupt_artifacts"] == 1, first
+    assert len([m for m in first["logs"] if "kernel bundle" in m]) == 1, first["logs"]
+    index.refresh()
+    assert all(v.get("handle") != bundles[0]["handle"] for _, v in index.entries())
+
+    second = _run(run_py, cache, [("f", "a")])
+    assert second["counters"]["num_corrupt_artifacts"] == 0, second
+    assert not [m for m in second["logs"] if "kernel bundle" in m], second["logs"]

@@ -78,6 +78,21 @@ class ModelCache:
             return False
         return self.artifacts.quarantine(self.layout.digest_of_artifact(rel)) is not None
 
+    def forget(self, handle: Any) -> None:
+        """Drop this model's index entries that record ``handle`` (an
+        artifact that is gone, or not what the handle recorded): what needs
+        it is rebuilt and recorded again, and the loss is reported once, not
+        on every start."""
+        if self.readonly or not isinstance(handle, dict):
+            return
+        try:
+            self.index.refresh()
+            for key, value in self.index.entries():
+                if isinstance(value, dict) and value.get("handle") == handle:
+                    self.index.remove(key)
+        except CacheError as e:
+            _log.warning("fxpiece: could not drop the index entries of a lost artifact: %s", e)
+
     def _drop_entries(self, rel: str) -> None:
         """Drop the index entries whose handle points at ``rel`` (just moved
         aside), as they are now."""

@@ -16,14 +16,15 @@ fxpiece.errors.HostileFileError: [Errno 22] .../f is a FIFO, not a regular file:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from fxpiece.errors import HostileFileError
 
-__all__ = ["file_kind", "read_regular"]
+__all__ = ["file_kind", "open_regular", "read_exact", "read_regular"]
 
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO"),
@@ -42,17 +43,16 @@ def file_kind(mode: int) -> str:
     return "a regular file" if stat.S_ISREG(mode) else "a special file"
 
 
-def read_regular(
+@contextlib.contextmanager
+def open_regular(
     path: str | os.PathLike[str],
     limit: int,
     check: Callable[[os.stat_result], None] | None = None,
-) -> bytes:
-    """The bytes of the regular file at ``path`` (at most ``limit``).
-
-    Raises :class:`~fxpiece.errors.HostileFileError` (a ``CacheError``) for
-    a symlink, FIFO, device, socket, folder or a file over ``limit``, and
-    ``FileNotFoundError`` if nothing is there. ``check`` is called with the
-    opened file's ``fstat`` before anything is read (e.g. the trust check)."""
+) -> Iterator[tuple[int, os.stat_result]]:
+    """``(fd, fstat)`` of the regular file at ``path``, opened for reading and
+    closed when the block ends; the same checks as :func:`read_regular`
+    (never a symlink, FIFO, device, socket or folder; ``check``; at most
+    ``limit`` bytes by its size)."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags)
@@ -85,6 +85,23 @@ def read_regular(
                 f"{os.fspath(path)} is {st.st_size} bytes, over the {limit}-byte limit",
                 str(path),
             )
+        yield fd, st
+    finally:
+        os.close(fd)
+
+
+def read_regular(
+    path: str | os.PathLike[str],
+    limit: int,
+    check: Callable[[os.stat_result], None] | None = None,
+) -> bytes:
+    """The bytes of the regular file at ``path`` (at most ``limit``).
+
+    Raises :class:`~fxpiece.errors.HostileFileError` (a ``CacheError``) for
+    a symlink, FIFO, device, socket, folder or a file over ``limit``, and
+    ``FileNotFoundError`` if nothing is there. ``check`` is called with the
+    opened file's ``fstat`` before anything is read (e.g. the trust check)."""
+    with open_regular(path, limit, check) as (fd, _st):
         chunks: list[bytes] = []
         left = limit + 1
         while left > 0:
@@ -99,5 +116,24 @@ def read_regular(
                 errno.EFBIG, f"{os.fspath(path)} grew past the {limit}-byte limit", str(path)
             )
         return data
-    finally:
-        os.close(fd)
+
+
+def read_exact(fd: int, size: int, offset: int, path: str | os.PathLike[str]) -> bytearray:
+    """Exactly ``size`` bytes of the open file ``fd`` from ``offset``, read
+    straight into one buffer (no other copy: a large artifact costs its own
+    size); :class:`~fxpiece.errors.HostileFileError` if the file ends early
+    or goes on past them (it changed while being read)."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        n = os.preadv(fd, [view[got : got + (64 << 20)]], offset + got)
+        if n == 0:
+            raise HostileFileError(
+                errno.EINVAL, f"{os.fspath(path)} shrank while it was read", str(path)
+            )
+        got += n
+    view.release()
+    if os.pread(fd, 1, offset + size):
+        raise HostileFileError(errno.EFBIG, f"{os.fspath(path)} grew while it was read", str(path))
+    return buf

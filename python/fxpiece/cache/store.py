@@ -44,10 +44,9 @@ from typing import Any
 
 from fxpiece import _native
 from fxpiece.cache.layout import CacheLayout
-from fxpiece.cache.safeio import read_regular
+from fxpiece.cache.safeio import open_regular, read_exact
 from fxpiece.cache.trust import check_stat, check_trusted, ensure_private_dir
 from fxpiece.errors import CacheError, CorruptArtifactError, UntrustedCacheError
-from fxpiece.hashing import hash_factors
 
 __all__ = [
     "ARTIFACT_LIMIT",
@@ -68,10 +67,11 @@ _HEADER = re.compile(
 _DIGEST = re.compile(r"[0-9a-f]{1,128}")
 
 
-def checksum(payload: bytes) -> str:
+def checksum(payload: bytes | bytearray | memoryview) -> str:
     """The BLAKE3 checksum of an artifact's payload (kept in its header and
-    in index handles)."""
-    return hash_factors(payload)
+    in index handles): ``hash_factors(bytes(payload))``, computed over the
+    buffer itself (no copy, GIL released)."""
+    return _native.checksum(payload)
 
 
 def encode_artifact(payload: bytes, digest: str | None = None) -> bytes:
@@ -90,7 +90,8 @@ def encode_artifact(payload: bytes, digest: str | None = None) -> bytes:
 class Artifact:
     """A verified artifact file."""
 
-    payload: bytes
+    payload: bytes | bytearray
+    """Read from a file: one ``bytearray`` (never copied)."""
     checksum: str
     """BLAKE3 of the payload (what index handles record)."""
     digest: str | None
@@ -103,18 +104,37 @@ def decode_artifact(data: bytes, where: str, digest: str | None = None) -> Artif
     ``digest`` names the digest it was found under, that its header records
     that very digest); raises :class:`~fxpiece.errors.CorruptArtifactError`
     saying what is wrong."""
-    m = _HEADER.match(data[: 128 + 160])
+    m = _header(data[:_HEAD_MAX], where)
+    payload = data[m.end() :]
+    del data  # a caller's only reference: freed once sliced
+    _check_length(m, len(payload), where)
+    return _verified(m, payload, where, digest)
+
+
+_HEAD_MAX = 128 + 160
+"""Longest possible artifact header line."""
+
+
+def _header(head: bytes, where: str) -> re.Match[bytes]:
+    m = _HEADER.match(head)
     if m is None:
         raise CorruptArtifactError(errno.EINVAL, f"{where}: no fxpiece artifact header", where)
-    payload = data[m.end() :]
-    del data  # a caller's only reference (ArtifactStore): freed before the checksum copies
+    return m
+
+
+def _check_length(m: re.Match[bytes], have: int, where: str) -> None:
     want = int(m.group(3))
-    if len(payload) != want:
+    if have != want:
         raise CorruptArtifactError(
             errno.EINVAL,
-            f"{where}: truncated or padded ({len(payload)} bytes, header says {want})",
+            f"{where}: truncated or padded ({have} bytes, header says {want})",
             where,
         )
+
+
+def _verified(
+    m: re.Match[bytes], payload: bytes | bytearray, where: str, digest: str | None
+) -> Artifact:
     got = checksum(payload)
     if got != m.group(2).decode():
         raise CorruptArtifactError(errno.EINVAL, f"{where}: checksum mismatch", where)
@@ -129,7 +149,24 @@ def decode_artifact(data: bytes, where: str, digest: str | None = None) -> Artif
     return Artifact(payload, got, bound)
 
 
-def parse_artifact(data: bytes, where: str, digest: str | None = None) -> tuple[bytes, str]:
+def read_artifact(
+    path: Path, digest: str | None, check: Callable[[os.stat_result], None] | None = None
+) -> Artifact:
+    """The verified artifact in the file at ``path`` (see
+    :func:`decode_artifact`), read with :func:`~fxpiece.cache.safeio.open_regular`'s
+    checks; the payload is read straight into one buffer and checked there,
+    so a load needs no memory beyond the payload itself."""
+    where = str(path)
+    with open_regular(path, ARTIFACT_LIMIT + _HEAD_MAX, check) as (fd, st):
+        m = _header(os.pread(fd, _HEAD_MAX, 0), where)
+        _check_length(m, st.st_size - m.end(), where)
+        payload = read_exact(fd, int(m.group(3)), m.end(), path)
+    return _verified(m, payload, where, digest)
+
+
+def parse_artifact(
+    data: bytes, where: str, digest: str | None = None
+) -> tuple[bytes | bytearray, str]:
     """``(payload, checksum)`` of an artifact file's bytes (see
     :func:`decode_artifact`, which also tells a ``v1`` file)."""
     art = decode_artifact(data, where, digest)
@@ -198,10 +235,7 @@ class ArtifactStore:
                 check_stat(path, st, "cached artifact")
 
         try:
-            # No local: decode_artifact drops the file's bytes once sliced.
-            return decode_artifact(
-                read_regular(path, ARTIFACT_LIMIT + 256, check), str(path), digest
-            )
+            return read_artifact(path, digest, check)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except UntrustedCacheError:
@@ -210,7 +244,7 @@ class ArtifactStore:
             self.quarantine(digest)
             return CorruptArtifactError(e.errno or errno.EINVAL, e.strerror or str(e), str(path))
 
-    def read(self, digest: str) -> tuple[bytes, str] | None:
+    def read(self, digest: str) -> tuple[bytes | bytearray, str] | None:
         """``(payload, checksum)`` of the artifact stored under ``digest``,
         ``None`` if there is none or it is a ``v1`` file (not bound to its
         digest: left alone); a corrupt, hostile or misplaced file is moved
@@ -291,9 +325,19 @@ class ArtifactStore:
         return self._handle(digest, checksum(payload), len(payload))
 
     def load(self, handle: Any) -> bytes | None:
+        """The verified payload of the artifact a handle names as ``bytes``
+        (see :meth:`load_buffer`), or ``None``."""
+        have = self.load_buffer(handle)
+        return have if have is None or isinstance(have, bytes) else bytes(have)
+
+    def load_buffer(self, handle: Any) -> bytearray | bytes | None:
         """The verified payload of the artifact a handle names, or ``None``
         (absent, corrupt or stored under another digest: moved aside, or not
-        what the handle recorded), so the piece is compiled again."""
+        what the handle recorded), so the piece is compiled again.
+
+        The payload is the buffer it was read into and checked in (no copy:
+        a large kernel bundle costs its own size once); :meth:`load` gives
+        ``bytes``."""
         if not isinstance(handle, dict) or not self.layout.is_artifact_rel(handle.get("artifact")):
             return None
         digest = self.layout.digest_of_artifact(handle["artifact"])

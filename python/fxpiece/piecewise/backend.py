@@ -513,9 +513,10 @@ class Backend:
             self._unpacked.add(digest)  # a bad bundle is reported once
             # A corrupt bundle is moved aside with the index entries that
             # point at it (ModelCache.quarantine): reported by one start only.
-            payload = mc.artifacts.load(value.get("handle"))
+            payload = mc.artifacts.load_buffer(value.get("handle"))
             if payload is None:
                 self.count("num_corrupt_artifacts")
+                mc.forget(value.get("handle"))  # warned once: the entry goes with it
                 _log.warning(
                     "fxpiece: a kernel bundle is missing or corrupt; its kernels are rebuilt"
                 )

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt};
@@ -47,6 +48,25 @@ fn hash_factors(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<String> {
     let mut at = String::from("value");
     let f = to_factor(obj, &mut at, 0)?;
     Ok(py.detach(|| hash::hash_factors(&f)))
+}
+
+/// BLAKE3 (hex) of a bytes-like payload, equal to `hash_factors(bytes(data))`
+/// but over the caller's buffer (bytes, bytearray, memoryview, mmap): no
+/// copy, GIL released while hashing.
+#[pyfunction]
+fn checksum(py: Python<'_>, data: PyBuffer<u8>) -> PyResult<String> {
+    let Some(ptr) = data.as_slice_ptr() else {
+        return Err(PyValueError::new_err("checksum needs a C-contiguous buffer"));
+    };
+    let (addr, len) = (ptr.as_ptr() as *const u8 as usize, ptr.len());
+    // SAFETY: `data` holds the buffer export for this whole call, so the
+    // memory stays valid; u8 has no invalid values. A concurrent writer can
+    // only change the bytes hashed (the caller's buffer is its own), never
+    // make this read out of bounds.
+    Ok(py.detach(move || {
+        let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+        hash::checksum_bytes(bytes)
+    }))
 }
 
 /// Write bytes to a file atomically (temp in the same folder, fsync,
@@ -120,6 +140,7 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hash_files, m)?)?;
     m.add_function(wrap_pyfunction!(hash_files_report, m)?)?;
     m.add_function(wrap_pyfunction!(hash_factors, m)?)?;
+    m.add_function(wrap_pyfunction!(checksum, m)?)?;
     m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
     m.add_function(wrap_pyfunction!(quarantine, m)?)?;
     m.add_function(wrap_pyfunction!(pid_alive, m)?)?;

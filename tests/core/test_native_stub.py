@@ -18,9 +18,16 @@ from fxpiece import _native as native
 STUB = pathlib.Path(fxpiece.__file__).with_name("_native.pyi")
 TREE = ast.parse(STUB.read_text())
 TOP = {n.name: n for n in TREE.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-CLASS = TOP["CacheIndex"]
-assert isinstance(CLASS, ast.ClassDef)
-METHODS = {n.name: n for n in CLASS.body if isinstance(n, ast.FunctionDef)}
+CLASSES = {n: c for n, c in TOP.items() if isinstance(c, ast.ClassDef)}
+assert set(CLASSES) == {"CacheIndex", "SigningKey"}
+
+
+def _methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
+    return {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+
+
+def _decorated(fn: ast.FunctionDef, name: str) -> bool:
+    return any(isinstance(d, ast.Name) and d.id == name for d in fn.decorator_list)
 
 
 def _stub_params(fn: ast.FunctionDef, drop_self: bool) -> list[tuple[str, str, Any]]:
@@ -72,27 +79,33 @@ def test_function_signatures_match(name: str) -> None:
     assert _stub_params(fn, drop_self=False) == _runtime_params(getattr(native, name), False)
 
 
-def test_cache_index_signatures_match() -> None:
-    assert _stub_params(METHODS["__init__"], True) == _runtime_params(native.CacheIndex, False)
-    for name, fn in METHODS.items():
+@pytest.mark.parametrize("cls_name", sorted(CLASSES))
+def test_class_signatures_match(cls_name: str) -> None:
+    methods = _methods(CLASSES[cls_name])
+    runtime_cls = getattr(native, cls_name)
+    if "__init__" in methods:
+        assert _stub_params(methods["__init__"], True) == _runtime_params(runtime_cls, False)
+    for name, fn in methods.items():
         if name == "__init__":
             continue
-        attr = inspect.getattr_static(native.CacheIndex, name)
-        if any(isinstance(d, ast.Name) and d.id == "property" for d in fn.decorator_list):
+        attr = inspect.getattr_static(runtime_cls, name)
+        if _decorated(fn, "property"):
             assert isinstance(attr, types.GetSetDescriptorType), name
             continue
-        stub = _stub_params(fn, True)
-        runtime = _runtime_params(getattr(native.CacheIndex, name), True)
+        static = _decorated(fn, "staticmethod")
+        assert isinstance(attr, staticmethod) == static, name
+        stub = _stub_params(fn, drop_self=not static)
+        runtime = _runtime_params(getattr(runtime_cls, name), drop_self=not static)
         if name.startswith("__"):  # dunders are positional-only at run time
             assert [p[0] for p in stub] == [p[0] for p in runtime], name
         else:
             assert stub == runtime, name
     runtime_methods = {
         n
-        for n, v in vars(native.CacheIndex).items()
+        for n, v in vars(runtime_cls).items()
         if not n.startswith("_") or n in {"__contains__", "__len__", "__repr__"}
     }
-    assert runtime_methods == set(METHODS) - {"__init__"}
+    assert runtime_methods == set(methods) - {"__init__"}
 
 
 def test_native_errors_are_the_python_classes(tmp_path: pathlib.Path) -> None:
@@ -100,7 +113,11 @@ def test_native_errors_are_the_python_classes(tmp_path: pathlib.Path) -> None:
     those very classes (and exports none of its own)."""
     import fxpiece.errors as errors
 
-    assert not any(isinstance(n, ast.ClassDef) and n.name != "CacheIndex" for n in TREE.body)
+    # No exception class in the stub (its classes derive from nothing) nor at run time.
+    assert all(not c.bases for c in CLASSES.values())
+    runtime_classes = [v for v in vars(native).values() if isinstance(v, type)]
+    assert {c.__name__ for c in runtime_classes} == set(CLASSES)
+    assert not any(issubclass(c, BaseException) for c in runtime_classes)
     for name in ("CacheError", "CorruptIndexError", "LockTimeoutError", "CacheWarning"):
         assert not hasattr(native, name), name
     bad = tmp_path / "log-1-x-1-0.json"

@@ -35,56 +35,6 @@ class M(torch.nn.Module):
         return self.b(h) * SCALE
 """
 
-SNIPPET = """
-import json, sys, torch
-spec = json.loads({spec!r})
-sys.path.insert(0, spec["dir"])
-import fxpiece, aot_model
-from fxpiece.toy_llama import ATTENTION_OP
-from conftest import keep_logs
-
-logs = keep_logs()
-
-# Probes: fake runs of the split module, and whether each graph handed to
-# Inductor carries every node's recorded value (the whole graph, not the
-# light one a warm start loads).
-import fxpiece.piecewise.compilers as compilers, fxpiece.piecewise.plan as plan
-probe = {{"fake_runs": 0, "complete": []}}
-_propagated = plan.propagated_inputs
-def counted(*a, **k):
-    probe["fake_runs"] += 1
-    return _propagated(*a, **k)
-plan.propagated_inputs = counted
-_compile = compilers.InductorStandaloneCompiler.compile
-def recorded(self, graph, *a, **k):
-    nodes = [n for n in graph.graph.nodes if n.op == "call_function"]
-    probe["complete"].append(all("example_value" in n.meta for n in nodes))
-    return _compile(self, graph, *a, **k)
-compilers.InductorStandaloneCompiler.compile = recorded
-for k, v in spec.get("inductor", {{}}).items():
-    setattr(torch._inductor.config, k, v)
-cfg = fxpiece.CompileConfig(
-    cache_dir=spec["root"], splitting_ops=[ATTENTION_OP], max_num_tokens=64,
-    **spec.get("config", {{}}),
-)
-m = aot_model.M().eval()
-cm = fxpiece.compile(m, cfg)
-x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
-with torch.no_grad():
-    outs = [cm(x[:n]) for n in (5, 9, 1)]
-    refs = [m(x[:n]) for n in (5, 9, 1)]
-torch.save(outs, spec["out"])
-c = cm.stats.counters.snapshot()
-report({{
-    "path": cm.start.path,
-    "why": cm.start.why_not_aot,
-    "counters": {{k: v for k, v in c.items() if v}},
-    "close": all(torch.allclose(o, r, atol=1e-5, rtol=1e-4) for o, r in zip(outs, refs)),
-    "logs": logs,
-    "probe": probe,
-}})
-"""
-
 
 def _project(tmp: Path, graph_break: bool = False) -> Path:
     d = tmp / "proj"
@@ -96,7 +46,7 @@ def _project(tmp: Path, graph_break: bool = False) -> Path:
 
 def _run(run_py: PyRunner, proj: Path, root: Path, out: Path, **extra: Any) -> dict[str, Any]:
     spec = {"dir": str(proj), "root": str(root), "out": str(out), **extra}
-    result: dict[str, Any] = run_py(SNIPPET.format(spec=json.dumps(spec)))
+    result: dict[str, Any] = run_py.program("aot_start", json.dumps(spec))
     assert result["close"], result
     return result
 

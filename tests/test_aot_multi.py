@@ -92,49 +92,6 @@ class M(torch.nn.Module):
         return pack(self.scale(self.b(h)))
 """
 
-SNIPPET = """
-import json, sys, torch
-spec = json.loads({spec!r})
-sys.path.insert(0, spec["dir"])
-import fxpiece, multi_model
-from fxpiece.toy_llama import ATTENTION_OP
-from conftest import keep_logs
-
-logs = keep_logs()
-
-cfg = fxpiece.CompileConfig(
-    cache_dir=spec["root"], splitting_ops=[ATTENTION_OP], max_num_tokens=16, compile_sizes=[1],
-)
-m = multi_model.M().eval()
-x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
-steps = [x[:5], x[5:6], x[6:7], x[7:8]]  # a prefill, then decode steps on a longer cache
-with torch.no_grad():
-    ref_cache = multi_model.Cache()
-    refs = [m(s, ref_cache)["out"] for s in steps]
-cm = fxpiece.compile(m.forward, cfg, dynamic_arg_dims={{0: 0}}, varying_dims={{1: 0}})
-m.forward = cm
-cache = multi_model.Cache()
-outs, held_marked = [], []
-with torch.no_grad():
-    for s in steps:
-        held = cache.k
-        outs.append(m(s, cache)["out"])
-        if held is not None:  # the caller's cache tensor is left unmarked
-            held_marked.append(hasattr(held, "_dynamo_dynamic_indices"))
-torch.save(outs, spec["out"])
-c = cm.stats.counters.snapshot()
-report({{
-    "path": cm.start.path,
-    "why": cm.start.why_not_aot,
-    "counters": {{k: v for k, v in c.items() if v}},
-    "dynamo_frames": int(torch._dynamo.utils.counters["frames"]["ok"]),
-    "close": all(torch.allclose(o, r, atol=1e-5, rtol=1e-4) for o, r in zip(outs, refs)),
-    "held_marked": held_marked,
-    "token_sizes": sorted({{s for g in cm.stats.graphs for r in g.runners for s in r.chosen}}),
-    "logs": logs,
-}})
-"""
-
 
 def _project(tmp: Path, decode_break: bool = False) -> Path:
     proj = tmp / "proj"
@@ -147,7 +104,7 @@ def _project(tmp: Path, decode_break: bool = False) -> Path:
 
 def _run(run_py: PyRunner, proj: Path, root: Path, out: Path) -> dict[str, Any]:
     spec = {"dir": str(proj), "root": str(root), "out": str(out)}
-    result: dict[str, Any] = run_py(SNIPPET.format(spec=json.dumps(spec)))
+    result: dict[str, Any] = run_py.program("aot_multi_start", json.dumps(spec))
     assert result["close"], result
     return result
 

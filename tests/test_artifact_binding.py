@@ -9,11 +9,13 @@ header) is used only through an index handle that recorded its checksum.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from conftest import PyRunner
 
@@ -121,40 +123,9 @@ def test_moving_aside_drops_the_entries_that_point_at_it(tmp_path: Path) -> None
 
 # -- end to end: fresh processes -------------------------------------------------
 
-SNIPPET = """
-import torch, fxpiece
-from conftest import keep_logs
-logs = keep_logs()
-torch.manual_seed(0)
-W = torch.randn(8, 8)
-
-def f(x):
-    return torch.mm(torch.sin(x) * 2, W) + 1
-
-def g(x):
-    return torch.mm(torch.cos(x) * 3, W) - 1
-
-fns = {{"f": f, "g": g}}
-x = torch.randn(5, 8)
-out = {{}}
-before = fxpiece.counters.snapshot()
-for name, tag in {runs!r}:
-    cfg = fxpiece.CompileConfig(
-        splitting_ops=[torch.mm], max_num_tokens=16, cache_dir={cache!r}, model_tag=tag
-    )
-    cm = fxpiece.compile(fns[name], cfg)
-    got = cm(x)
-    out[tag] = {{
-        "diff": (got - fns[name](x)).abs().max().item(),
-        "folder": str(cm.stats.graphs[0].cache_folder),
-    }}
-after = fxpiece.counters.snapshot()
-report({{"out": out, "counters": {{k: after[k] - before[k] for k in after}}, "logs": logs}})
-"""
-
 
 def _run(run_py: PyRunner, cache: Path, runs: list[tuple[str, str]]) -> dict[str, Any]:
-    result: dict[str, Any] = run_py(SNIPPET.format(cache=str(cache), runs=runs))
+    result: dict[str, Any] = run_py.program("mm_tags", cache, json.dumps(runs))
     for tag, r in result["out"].items():
         assert r["diff"] < 1e-4, (tag, result)
     return result
@@ -165,6 +136,7 @@ def _pieces(folder: str) -> dict[tuple[int, int, int, str], Any]:
     return {k: v for k, v in index.entries() if not is_kernels_key(k)}
 
 
+@pytest.mark.slow
 def test_swapped_artifacts_are_never_run_for_another_digest(
     run_py: PyRunner, tmp_path: Path
 ) -> None:
@@ -202,6 +174,7 @@ def test_swapped_artifacts_are_never_run_for_another_digest(
     assert again["counters"]["num_inductor_compiles"] == 0, again
 
 
+@pytest.mark.slow
 def test_a_corrupt_kernel_bundle_is_reported_by_one_start_only(
     run_py: PyRunner, tmp_path: Path
 ) -> None:
@@ -233,6 +206,7 @@ def test_a_corrupt_kernel_bundle_is_reported_by_one_start_only(
     assert torch.tensor(second["out"]["a"]["diff"]) < 1e-4
 
 
+@pytest.mark.slow
 def test_a_deleted_kernel_bundle_is_reported_by_one_start_only(
     run_py: PyRunner, tmp_path: Path
 ) -> None:

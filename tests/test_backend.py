@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import (
+    TESTS_DIR,
     PyRunner,
     RecordRange,
     counter_diff,
@@ -332,6 +333,7 @@ def ranges_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
 
 
 @pytest.mark.compat
+@pytest.mark.slow
 def test_ranges_compile_counts(ranges_run: SimpleNamespace) -> None:
     r = ranges_run.result
     entries = len(RANGE_ENTRIES)
@@ -362,12 +364,14 @@ def test_ranges_compile_counts(ranges_run: SimpleNamespace) -> None:
 
 
 @pytest.mark.compat
+@pytest.mark.slow
 def test_ranges_pass_sees_each_compile_range(ranges_run: SimpleNamespace) -> None:
     seen = ranges_run.result["pass_seen"]
     assert Counter(seen) == {str(e): 3 for e in RANGE_ENTRIES}
 
 
 @pytest.mark.compat
+@pytest.mark.slow
 def test_ranges_entry_chosen_per_token_count(ranges_run: SimpleNamespace) -> None:
     want = {
         1: Range(1, 8),
@@ -387,6 +391,7 @@ def test_ranges_entry_chosen_per_token_count(ranges_run: SimpleNamespace) -> Non
 
 
 @pytest.mark.compat
+@pytest.mark.slow
 def test_ranges_outputs_match_eager(ranges_run: SimpleNamespace) -> None:
     for n in RANGE_SIZES:
         out = ranges_run.outs[n]
@@ -395,6 +400,7 @@ def test_ranges_outputs_match_eager(ranges_run: SimpleNamespace) -> None:
 
 
 @pytest.mark.compat
+@pytest.mark.slow
 def test_ranges_no_recompiles_across_sizes(ranges_run: SimpleNamespace) -> None:
     assert ranges_run.result["diff"]["num_graphs_seen"] == 1
     assert "num_graphs_seen" not in ranges_run.first_200[1]
@@ -403,6 +409,7 @@ def test_ranges_no_recompiles_across_sizes(ranges_run: SimpleNamespace) -> None:
 
 
 @pytest.mark.compat
+@pytest.mark.slow
 def test_size_outside_every_range_runs_uncompiled(ranges_run: SimpleNamespace) -> None:
     warned, diff, outs = ranges_run.first_200
     # One warning per compiled piece, on its first out-of-range size only.
@@ -417,6 +424,7 @@ def test_size_outside_every_range_runs_uncompiled(ranges_run: SimpleNamespace) -
     torch.testing.assert_close(outs[1], ranges_run.ref[150], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_cache_folder_files_and_relative_handles(ranges_run: SimpleNamespace) -> None:
     g = ranges_run.cm.stats.graphs[0]
     cache = ranges_run.cache
@@ -477,6 +485,7 @@ def test_warm_start_inductor_fresh_process(
         torch.testing.assert_close(warm[n], ranges_run.ref[n], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_piece_loaded_before_the_model_bundle_rebuilds_no_kernel(
     ranges_run: SimpleNamespace, run_py: PyRunner, tmp_path: Path
 ) -> None:
@@ -832,23 +841,8 @@ def test_pass_uuid_follows_options() -> None:
     assert RecordRange("a").uuid() != RecordRange("b").uuid()
 
 
-MODEL_SRC = """
-import torch
-import fxpiece.toy_llama  # registers fxpiece_toy::attention
-
-
-class KeyModel(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.lin = torch.nn.Linear(16, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.lin(x)  # LINE-A
-        h = h.view(x.shape[0], 2, 8)
-        a = torch.ops.fxpiece_toy.attention(h, h, h)
-        return a * 2  # LINE-B
-"""
+MODEL_SRC = (TESTS_DIR / "programs" / "key_model.py").read_text()
+"""A model file the test edits (a real module: ruff and mypy check it)."""
 
 
 def test_key_follows_traced_source_files(

@@ -147,29 +147,9 @@ import pathlib
 pathlib.Path({marker!r}).write_text("imported")
 """
 
-AOT_RUN = """
-import json, sys, torch
-spec = json.loads({spec!r})
-import fxpiece
-from conftest import make_toy, token_ids, keep_logs
-from fxpiece.toy_llama import ATTENTION_OP
-logs = keep_logs()
-cfg = fxpiece.CompileConfig(
-    compiler="eager", cache_dir=spec["root"], splitting_ops=[ATTENTION_OP], max_num_tokens=32
-)
-cm = fxpiece.compile(make_toy(1), cfg)
-with torch.no_grad():
-    cm(token_ids(5))
-report({{
-    "path": cm.start.path,
-    "why": cm.start.why_not_aot,
-    "evil_imported": "evilpkg" in sys.modules,
-    "logs": logs,
-}})
-"""
-
 
 @pytest.mark.parametrize("damage", ["artifact", "checksum"])
+@pytest.mark.slow
 def test_aot_entry_is_verified_before_its_modules_are_looked_up(
     run_py: PyRunner, tmp_path: Path, damage: str
 ) -> None:
@@ -178,7 +158,7 @@ def test_aot_entry_is_verified_before_its_modules_are_looked_up(
 
     root = tmp_path / "cache"
     spec = json.dumps({"root": str(root)})
-    r = run_py(AOT_RUN.format(spec=spec))
+    r = run_py.program("toy_eager_start", spec)
     assert r["path"] == "aot-capture", r
     # A module with an import side effect, on the path of the next start.
     marker = tmp_path / "marker"
@@ -201,7 +181,7 @@ def test_aot_entry_is_verified_before_its_modules_are_looked_up(
     index.insert(AOT_KEY, value)
     del index
     path = os.pathsep.join(p for p in (str(tmp_path / "evil"), os.environ.get("PYTHONPATH")) if p)
-    r = run_py(AOT_RUN.format(spec=spec), env={"PYTHONPATH": path})
+    r = run_py.program("toy_eager_start", spec, env={"PYTHONPATH": path})
     assert not marker.exists(), "a module named by an unverified entry was imported"
     assert not r["evil_imported"], r
     assert r["path"] == "aot-capture" and "corrupt" in r["why"], r

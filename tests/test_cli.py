@@ -27,6 +27,9 @@ import pytest
 from fxpiece.cache.admin import ArchiveError, list_cache, unpack_cache, verify_cache
 from fxpiece.cache.lease import Lease
 
+# A module-wide Inductor build in a fresh process, then many CLI runs (~80 s).
+pytestmark = pytest.mark.slow
+
 _SCRIPT = shutil.which("fxpiece", path=str(Path(sys.executable).parent))
 CLI = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "fxpiece"]
 
@@ -41,37 +44,10 @@ INDUCTOR = {
 EAGER = {**INDUCTOR, "compiler": "eager"}
 SIZES = [5, 12]  # one token count per range
 
-# Compile each config in turn (fresh Dynamo state), run it against eager,
-# report counters and where it was cached.
-RUN = """
-import json, torch, fxpiece
-from conftest import make_toy, token_ids
-spec = json.loads({spec!r})
-out = []
-for cfg in spec["configs"]:
-    torch._dynamo.reset()
-    model = make_toy(1)
-    cm = fxpiece.compile(model, fxpiece.CompileConfig(**cfg))
-    before = fxpiece.counters.snapshot()
-    err = 0.0
-    with torch.no_grad():
-        for n in spec["sizes"]:
-            err = max(err, (cm(token_ids(n)) - model(token_ids(n))).abs().max().item())
-    after = fxpiece.counters.snapshot()
-    g = cm.stats.graphs[0]
-    out.append({{
-        "key": g.cache_key,
-        "folder": str(g.cache_folder),
-        "err": err,
-        "diff": {{k: after[k] - before[k] for k in after if after[k] != before[k]}},
-    }})
-report(out)
-"""
-
 
 def run_models(run_py: Any, root: Path, configs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     spec = {"configs": [{**c, "cache_dir": str(root)} for c in configs], "sizes": SIZES}
-    result: list[dict[str, Any]] = run_py(RUN.format(spec=json.dumps(spec)))
+    result: list[dict[str, Any]] = run_py.program("toy_configs", json.dumps(spec))
     return result
 
 

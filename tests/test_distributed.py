@@ -6,41 +6,10 @@ import json
 import os
 import socket
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-
-RANK = textwrap.dedent(
-    """
-    import json, os, sys, torch, torch.distributed as dist, fxpiece
-    from fxpiece.distributed import DistributedBackend
-    from fxpiece.toy_llama import ToyLlama, ToyLlamaConfig
-
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    cache = os.path.join(sys.argv[1], f"rank{rank}")   # private: no shared file system
-    m = ToyLlama(ToyLlamaConfig(num_layers=1)).eval()
-    cfg = fxpiece.CompileConfig(
-        splitting_ops=["fxpiece_toy::attention"], compile_ranges_endpoints=[8],
-        max_num_tokens=64, compiler=sys.argv[2], cache_dir=cache,
-    )
-    cm = fxpiece.compile(m, backend=DistributedBackend(cfg))
-    ids = torch.arange(5)
-    with torch.no_grad():
-        ok = torch.allclose(cm(ids), m(ids), atol=1e-4)
-    c = fxpiece.counters.snapshot()
-    from fxpiece.cache.index import CacheIndex
-    from fxpiece.cache.keys import KERNELS_KEY
-    folder = cm.stats.graphs[0].cache_folder
-    c.update(ok=bool(ok), shared_in=cm.backend.shared_in, rank=rank,
-             kernels_in=cm.backend.kernels_in,
-             model_bundle=KERNELS_KEY in CacheIndex(str(folder / "index"), readonly=True))
-    print(json.dumps(c), flush=True)
-    dist.destroy_process_group()
-    """
-)
+from programs.run import program_argv, program_env
 
 
 def _free_port() -> int:
@@ -50,8 +19,6 @@ def _free_port() -> int:
 
 
 def _run_job(tmp_path: Path, world: int, compiler: str) -> list[dict[str, int]]:
-    script = tmp_path / "rank.py"
-    script.write_text(RANK)
     port = _free_port()
     procs = []
     for r in range(world):
@@ -68,10 +35,10 @@ def _run_job(tmp_path: Path, world: int, compiler: str) -> list[dict[str, int]]:
         logs = (tmp_path / f"rank{r}.out", tmp_path / f"rank{r}.err")
         with logs[0].open("w") as o, logs[1].open("w") as e:
             proc = subprocess.Popen(
-                [sys.executable, str(script), str(tmp_path / "caches"), compiler],
+                program_argv("dist_rank", tmp_path / "caches", compiler),
                 stdout=o,
                 stderr=e,
-                env=env,
+                env=program_env(env),
             )
         procs.append((proc, logs))
     out = []
@@ -110,6 +77,7 @@ def test_each_unique_piece_compiled_by_one_rank_then_all_warm(tmp_path: Path) ->
     assert all(r["shared_in"] == 0 and r["num_cache_hits"] == 4 for r in warm)
 
 
+@pytest.mark.slow
 def test_eager_handles_are_shared_too(tmp_path: Path) -> None:
     cold = _run_job(tmp_path, 2, "eager")
     assert all(r["ok"] for r in cold)

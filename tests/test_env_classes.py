@@ -84,6 +84,7 @@ def test_every_variable_torch_reads_is_classified() -> None:
     print(f"torch {torch.__version__} reads {len(reads)} classified variables")
 
 
+@pytest.mark.slow
 def test_inductor_deny_list_agrees_with_the_table() -> None:
     """A variable classified as not changing code must not change the key
     through the Inductor config either (its option is denied), and a

@@ -117,23 +117,7 @@ def test_planted_precompiled_header_never_runs(
     assert list(private.glob("*.h.gch"))
 
 
-PLAIN = """
-import json, torch, fxpiece
-from conftest import keep_logs, make_toy, token_ids
-from fxpiece.toy_llama import ATTENTION_OP
-logs = keep_logs()
-cfg = fxpiece.CompileConfig(splitting_ops=[ATTENTION_OP], cache_dir={cache!r}, max_num_tokens=32)
-cm = fxpiece.compile(make_toy(1), cfg)
-with torch.no_grad():
-    y = cm(token_ids(5))
-report({{
-    "pieces": len(cm.stats.graphs[0].pieces) if cm.stats.graphs else 0,
-    "eager_equal": bool(torch.allclose(y, make_toy(1)(token_ids(5)), atol=1e-4, rtol=1e-4)),
-    "logs": logs,
-}})
-"""
-
-
+@pytest.mark.slow
 def test_planted_bisector_status_cannot_swap_the_backend(
     shared_tmp: Path, tmp_path: Path, run_py: PyRunner
 ) -> None:
@@ -146,8 +130,9 @@ def test_planted_bisector_status_cannot_swap_the_backend(
         "    os.mkdir(d); os.chmod(d, 0o777)\n"
         f"open({str(bisect / 'bisect_status.txt')!r}, 'w').write('backend=eager\\n')\n"
     )
-    r = run_py(
-        PLAIN.format(cache=str(tmp_path / "cache")),
+    r = run_py.program(
+        "toy_bisect",
+        tmp_path / "cache",
         env={"TMPDIR": str(shared_tmp), "TORCHINDUCTOR_CACHE_DIR": None},
     )
     # fxpiece.compile reads its private folder: fxpiece stays the backend.

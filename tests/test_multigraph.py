@@ -9,38 +9,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from conftest import PyRunner
 
-SNIPPET = """
-import json, torch, fxpiece
-torch.manual_seed(0)
-W = torch.randn(8, 8)
-
-def f(x):
-    return torch.mm(torch.sin(x) * 2, W) + 1
-
-def g(x):
-    return torch.mm(torch.sin(x) * 2, W) - 1
-
-cfg = fxpiece.CompileConfig(splitting_ops=[torch.mm], max_num_tokens=16, cache_dir={cache!r})
-before = fxpiece.counters.snapshot()
-x = torch.randn(5, 8)
-cf, cg = fxpiece.compile(f, cfg), fxpiece.compile(g, cfg)
-outs = [cf(x), cg(x)]
-after = fxpiece.counters.snapshot()
-ok = all(torch.allclose(o, r, rtol=1e-5, atol=1e-5) for o, r in zip(outs, [f(x), g(x)]))
-report({{"ok": ok, "outs": [o.tolist() for o in outs],
-         "keys": [c.stats.graphs[0].cache_key for c in (cf, cg)],
-         **{{k: after[k] - before[k] for k in after}}}})
-"""
-
 
 def _run(run_py: PyRunner, cache: Path) -> dict[str, Any]:
-    result: dict[str, Any] = run_py(SNIPPET.format(cache=str(cache)))
+    result: dict[str, Any] = run_py.program("mm_shared", cache)
     return result
 
 
+@pytest.mark.slow
 def test_shared_piece_warm_start_compiles_nothing(run_py: PyRunner, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cold = _run(run_py, cache)

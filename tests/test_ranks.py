@@ -88,6 +88,7 @@ def _overlaps(intervals: list[list[float]]) -> int:
 
 
 @pytest.mark.parametrize("slots", [1, 2])
+@pytest.mark.slow
 def test_compile_slots_bound_concurrent_compiles_across_processes(
     tmp_path: Path, slots: int
 ) -> None:
@@ -109,6 +110,7 @@ def test_compile_slots_bound_concurrent_compiles_across_processes(
     assert not list((cache / "locks").glob("**/*.lease")), "slots and leases are released"
 
 
+@pytest.mark.slow
 def test_killed_slot_holder_does_not_block_others(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     holder = _spawn(tmp_path, cache, "slow-eager", 1, SLOW_COMPILE="120", SLOTS="1")
@@ -133,6 +135,7 @@ def test_killed_slot_holder_does_not_block_others(tmp_path: Path) -> None:
     assert not slot.exists()
 
 
+@pytest.mark.slow
 def test_identical_layers_compile_once_per_entry() -> None:
     m = ToyLlama(ToyLlamaConfig(num_layers=4)).eval()
     cfg = fxpiece.CompileConfig(
@@ -179,6 +182,7 @@ def test_four_processes_compile_each_piece_once(tmp_path: Path) -> None:
     assert not list((cache / "locks").glob("**/*.lease")), "leases and slots are released"
 
 
+@pytest.mark.slow
 def test_killed_compiler_is_taken_over(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     holder = _spawn(tmp_path, cache, "slow-eager", 0, SLOW_COMPILE="120")
@@ -204,6 +208,7 @@ def test_killed_compiler_is_taken_over(tmp_path: Path) -> None:
     assert not list(cache.rglob(".tmp-*"))
 
 
+@pytest.mark.slow
 def test_foreign_lease_respected_while_fresh_taken_over_when_expired(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     # Find the lease path: run once to learn the digest, then clear the index.

@@ -29,10 +29,13 @@ from fxpiece.cache.store import ArtifactStore, encode_artifact
 from fxpiece.piecewise.kernels import KernelDir
 from fxpiece.toy_llama import ATTENTION_OP
 
-pytestmark = pytest.mark.skipif(
-    os.getuid() != 0 or shutil.which("setpriv") is None,
-    reason="needs root and setpriv to act as another uid",
-)
+pytestmark = [
+    pytest.mark.slow,  # real Inductor starts in fresh processes (~60 s)
+    pytest.mark.skipif(
+        os.getuid() != 0 or shutil.which("setpriv") is None,
+        reason="needs root and setpriv to act as another uid",
+    ),
+]
 
 
 def spec(cache: Path, out: Path | None = None, **config: Any) -> dict[str, Any]:
@@ -47,17 +50,6 @@ def spec(cache: Path, out: Path | None = None, **config: Any) -> dict[str, Any]:
         "sizes": [5],
         "out": str(out) if out else None,
     }
-
-
-WARM = """
-import json, fxpiece
-from conftest import run_toy
-try:
-    report({"ok": True, **run_toy(json.loads(%r))})
-except Exception as e:
-    report({"ok": False, "type": type(e).__name__, "msg": str(e),
-            "filename": getattr(e, "filename", None)})
-"""
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +77,9 @@ def victim(built: tuple[Path, Path, Path], tmp_path: Path) -> Iterator[Path]:
 
 
 def warm(run_py: PyRunner, cache: Path, out: Path, **config: Any) -> dict[str, Any]:
-    result: dict[str, Any] = run_py(WARM % json.dumps(spec(cache, out, **config)))
+    result: dict[str, Any] = run_py.program(
+        "run_toy_or_error", json.dumps(spec(cache, out, **config))
+    )
     return result
 
 

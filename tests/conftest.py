@@ -60,6 +60,31 @@ def _private_inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterato
             os.environ[k] = v
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_signing_keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The builder key and trusted keys of every test (and of the processes
+    tests start: they inherit the environment) live in a session folder,
+    never in the user's ~/.config: XDG_CONFIG_HOME points there and the
+    FXPIECE_KEY_FILE / FXPIECE_TRUSTED_KEYS(_FILE) the user may have set are
+    unset. Tests that need their own keys override these per test."""
+    keys = (
+        "XDG_CONFIG_HOME",
+        "FXPIECE_KEY_FILE",
+        "FXPIECE_TRUSTED_KEYS",
+        "FXPIECE_TRUSTED_KEYS_FILE",
+    )
+    old = {k: os.environ.get(k) for k in keys}
+    for k in keys:
+        os.environ.pop(k, None)
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("session-config"))
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture(autouse=True)
 def _reset_dynamo() -> Iterator[None]:
     """Dynamo starts and ends every test reset (if torch is loaded at all:

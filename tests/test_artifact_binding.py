@@ -42,7 +42,7 @@ def test_a_file_copied_to_another_digest_is_refused_by_every_read(tmp_path: Path
     lay = store.layout
     handle_a = store.put(A, b"code of A")
     handle_b = store.put(B, b"code of B")
-    assert lay.artifact_path(A).read_bytes().startswith(b"FXPIECE-ARTIFACT v2 digest=" + A.encode())
+    assert lay.artifact_path(A).read_bytes().startswith(b"FXPIECE-ARTIFACT v3 digest=" + A.encode())
 
     def plant() -> Path:
         """B's path now holds A's file (valid header and checksum)."""

@@ -354,7 +354,7 @@ def test_artifact_store_put_replaces_hostile(tmp_path: Path, kind: str) -> None:
         handle = store.put(digest, b"payload")
     assert handle["artifact"] == CacheLayout.artifact_rel(digest) and handle["size"] == 7
     assert path.is_file() and not path.is_symlink()
-    assert path.read_bytes() == encode_artifact(b"payload", digest)
+    assert path.read_bytes() == encode_artifact(b"payload", digest, key=store.keys.signer())
     with deadline():
         assert store.load(handle) == b"payload"
 

@@ -8,7 +8,7 @@
     fxpiece cache verify [ROOT] [--repair]        check indexes and artifact checksums
     fxpiece cache prune [ROOT] --max-size 10G | --older-than 7d [--dry-run]
     fxpiece cache pack ROOT -o FILE
-    fxpiece cache unpack FILE ROOT
+    fxpiece cache unpack FILE ROOT [--trust KEY]  refused unless a trusted key signed it all
     fxpiece cache push ROOT URL                   copy verified artifacts and entries to Redis
     fxpiece cache pull ROOT URL                   copy them from Redis into ROOT, checked
     fxpiece key new [--force]                     make this builder's signing key
@@ -188,12 +188,23 @@ def _cmd_ls(a: argparse.Namespace) -> int:
                 format_bytes(m.artifact_bytes)
                 + (f" ({m.missing_artifacts} missing)" if m.missing_artifacts else ""),
                 _when(m.last_use, now),
+                ",".join(m.signers) or "-",
             ]
             for m in listing.models
         ]
         print(
             _table(
-                ["KEY", "TAG", "ENTRIES", "PIECES", "RANGES", "COMPILER", "SIZE", "LAST USE"],
+                [
+                    "KEY",
+                    "TAG",
+                    "ENTRIES",
+                    "PIECES",
+                    "RANGES",
+                    "COMPILER",
+                    "SIZE",
+                    "LAST USE",
+                    "SIGNED BY",
+                ],
                 rows,
                 right=(2,),
             )
@@ -279,6 +290,10 @@ def _cmd_verify(a: argparse.Namespace) -> int:
         print(f"warning: {w}")
     for u in report.untrusted:
         print(f"UNTRUSTED  {u}")
+    signed = ", ".join(f"{k.short} ({n})" for k, n in report.signers)
+    if signed or report.unsigned:
+        unsigned = f"; unsigned (before v3): {report.unsigned}" if report.unsigned else ""
+        print(f"signed by: {signed or '-'}{unsigned}")
     n = len(report.problems) + report.index_problems + len(report.untrusted)
     if report.ok:
         print("OK")
@@ -343,8 +358,10 @@ def _cmd_pack(a: argparse.Namespace) -> int:
 
 def _cmd_unpack(a: argparse.Namespace) -> int:
     from fxpiece.cache.admin import unpack_cache
+    from fxpiece.signing import PublicKey
 
-    res = unpack_cache(Path(a.file), Path(a.root).expanduser())
+    extra = [PublicKey.parse(k, "--trust") for k in a.trust]
+    res = unpack_cache(Path(a.file), Path(a.root).expanduser(), extra_trust=extra)
     if a.json:
         _emit_json(res.as_dict())
         return 0
@@ -352,6 +369,14 @@ def _cmd_unpack(a: argparse.Namespace) -> int:
         f"unpacked {res.written} file(s) into {res.root} ({res.unchanged} already there, "
         f"{format_bytes(res.bytes)} checked)"
     )
+    for key, n in res.signers:
+        print(f"signed by {key}: {n} artifact(s)")
+    for key in res.not_trusted_for_loads:
+        print(
+            f"warning: {key} is trusted for this unpack only; loads refuse (and move aside) "
+            f"its artifacts until you run `fxpiece key trust {key}` "
+            "(or add it to FXPIECE_TRUSTED_KEYS)"
+        )
     return 0
 
 
@@ -536,6 +561,13 @@ def _parser() -> argparse.ArgumentParser:
     p = add("unpack", "verify an archive and unpack it into a cache root", _cmd_unpack)
     p.add_argument("file", metavar="FILE", help="an archive written by `fxpiece cache pack`")
     p.add_argument("root", metavar="ROOT", help="the cache root to unpack into")
+    p.add_argument(
+        "--trust",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="also accept artifacts signed by KEY (ed25519:...), for this unpack only",
+    )
 
     for name, what, fn in (
         (

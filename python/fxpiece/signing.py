@@ -58,6 +58,7 @@ import os
 import re
 import secrets
 import stat
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,7 @@ __all__ = [
     "TRUSTED_KEYS_ENV",
     "TRUSTED_KEYS_FILE_ENV",
     "BuilderKey",
+    "KeyRing",
     "PublicKey",
     "Signature",
     "TrustedKeys",
@@ -738,3 +740,60 @@ def verify_digest(
             "signature was changed after signing"
         )
     return sig.signer
+
+
+# -- the keys a cache store uses -----------------------------------------------
+
+
+class KeyRing:
+    """The builder key and the trusted keys one cache store (or one backend:
+    share it between stores) signs and verifies with, each loaded once, on
+    first need, never at import: a store that only reads unsigned files
+    from its own root never touches a key file, one that never writes never
+    makes a key.
+
+    ``signer`` / ``trusted`` given: used as they are. Not given:
+    :func:`builder_key` (made on first use) and :func:`trusted_keys`; then
+    the key this ring loaded to sign with is trusted too (unless revoked),
+    even if it was made after the trusted keys were read: a store always
+    reads back what it wrote.
+
+    Not a frozen value on purpose: it is the memo of two loads, kept per
+    instance (no module state), safe to share between threads."""
+
+    __slots__ = ("_lock", "_own", "_signer", "_trusted", "_trusted_given")
+
+    def __init__(
+        self, signer: BuilderKey | None = None, trusted: TrustedKeys | None = None
+    ) -> None:
+        self._lock = threading.Lock()
+        self._signer = signer
+        self._own = signer is None  # the default key: trusted with the defaults
+        self._trusted = trusted
+        self._trusted_given = trusted is not None
+
+    def signer(self) -> BuilderKey:
+        """The key to sign with (:class:`~fxpiece.errors.KeyFileError` if
+        the key file is unsafe)."""
+        with self._lock:
+            if self._signer is None:
+                self._signer = builder_key()
+                if self._trusted is not None and not self._trusted_given:
+                    self._trusted = self._trusted.with_keys([self._signer.public])
+            return self._signer
+
+    def trusted(self) -> TrustedKeys:
+        """Whose signatures are accepted (:class:`~fxpiece.errors.ConfigError`
+        or :class:`~fxpiece.errors.KeyFileError` if the configuration is
+        malformed or unsafe)."""
+        with self._lock:
+            if self._trusted is None:
+                t = trusted_keys()
+                if self._own and self._signer is not None:
+                    t = t.with_keys([self._signer.public])
+                self._trusted = t
+            return self._trusted
+
+    def __repr__(self) -> str:
+        signer = "unloaded" if self._signer is None else self._signer.public.short
+        return f"KeyRing(signer={signer}, trusted={'given' if self._trusted_given else 'default'})"

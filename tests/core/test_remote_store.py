@@ -32,7 +32,8 @@ from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.store import encode_artifact
 from fxpiece.errors import BlobTooLargeError, CacheError, ConfigError, RemoteUnavailableError
 from fxpiece.remote import Lease, RedisStore, RemoteConfig, RemoteStore, open_remote
-from fxpiece.remote.sync import entry_field, pull_cache
+from fxpiece.remote.sync import entry_field, pull_cache, sign_entry
+from fxpiece.signing import builder_key
 
 _SCRIPT = shutil.which("fxpiece", path=str(Path(sys.executable).parent))
 CLI = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "fxpiece"]
@@ -395,17 +396,25 @@ def fx(*args: Any) -> subprocess.CompletedProcess[str]:
 def test_pull_refuses_what_fails_its_check(store: RedisStore, tmp_path: Path) -> None:
     """A blob under another digest's name, a blob without a header, a
     malformed entry: refused, listed, nothing of them written."""
-    good, moved, junk = digest(10), digest(11), digest(12)
-    store.put_blob(good, encode_artifact(b"good payload", good))
-    store.put_blob(moved, encode_artifact(b"other payload", digest(99)))  # valid checksum
+    key = builder_key()  # this builder's own key (trusted by default)
+    good, moved, junk, old = digest(10), digest(11), digest(12), digest(13)
+    store.put_blob(good, encode_artifact(b"good payload", good, key=key))
+    moved_blob = encode_artifact(b"other payload", digest(99), key=key)  # valid checksum
+    store.put_blob(moved, moved_blob)
     store.put_blob(junk, b"\x80\x04 not an artifact")
-    for n, d in ((0, good), (1, moved), (2, junk)):
+    store.put_blob(old, encode_artifact(b"unsigned payload", old))  # v2: refused remotely
+    for n, d in ((0, good), (1, moved), (2, junk), (5, old)):
         value = {"digest": d, "handle": {"artifact": CacheLayout.artifact_rel(d), "blake3": "0"}}
-        store.put_entry("m", KEY, entry_field((1, 8, n, "inductor")), json.dumps(value).encode())
+        field = entry_field((1, 8, n, "inductor"))
+        signed = sign_entry(key, KEY, "m", field, value)
+        store.put_entry("m", KEY, field, json.dumps(signed).encode())
     store.put_entry("m", KEY, "[1,2]", b"{}")
     store.put_entry("m", KEY, entry_field((1, 8, 3, "inductor")), b"not json")
     evil = {"handle": {"artifact": "../outside", "blake3": "0"}}
-    store.put_entry("m", KEY, entry_field((1, 8, 4, "inductor")), json.dumps(evil).encode())
+    f4 = entry_field((1, 8, 4, "inductor"))
+    store.put_entry("m", KEY, f4, json.dumps(sign_entry(key, KEY, "m", f4, evil)).encode())
+    unsigned = {"digest": good, "handle": {"artifact": CacheLayout.artifact_rel(good)}}
+    store.put_entry("m", KEY, entry_field((1, 8, 6, "inductor")), json.dumps(unsigned).encode())
 
     res = pull_cache(tmp_path / "root", store)
     assert not res.ok
@@ -414,6 +423,8 @@ def test_pull_refuses_what_fails_its_check(store: RedisStore, tmp_path: Path) ->
     assert "written for" in text  # the digest binding
     assert "no fxpiece artifact header" in text
     assert "malformed" in text and "outside artifacts/" in text
+    assert "unsigned (written before v3" in text  # the v2 blob
+    assert "unsigned index entry" in text
     lay = CacheLayout(tmp_path / "root")
     assert lay.artifact_path(good).is_file()
     assert not lay.artifact_path(moved).exists() and not lay.artifact_path(junk).exists()

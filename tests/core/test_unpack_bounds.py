@@ -25,7 +25,9 @@ from pathlib import Path
 import pytest
 
 from fxpiece.cache.admin import ArchiveError, pack_cache, unpack_cache
+from fxpiece.cache.store import encode_artifact
 from fxpiece.errors import CacheError
+from fxpiece.signing import builder_key
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -286,7 +288,7 @@ def test_round_trip_fits_a_small_disk(tmp_path: Path, small_disk: Callable[..., 
     arc = tmp_path / "c.tar.gz"
     pack_cache(src, arc)
     res = unpack_cache(arc, disk / "root")
-    assert res.written == 3 and res.bytes == 3 * MIB
+    assert res.written == 3 and res.bytes == on_disk(src, (f"artifacts/aa/f{i}" for i in range(3)))
     assert sorted(left_behind(disk / "root")) == sorted(
         [str(disk / "root" / d) for d in ("artifacts", "artifacts/aa")]
         + [str(disk / "root" / f"artifacts/aa/f{i}") for i in range(3)]
@@ -355,21 +357,31 @@ def test_a_second_manifest_is_refused(tmp_path: Path) -> None:
 
 
 def make_cache(root: Path, files: dict[str, int]) -> Path:
+    """Random files; those under artifacts/ are artifacts of a random
+    ``size``-byte payload, signed by this (test session's) builder key:
+    unpack accepts only those."""
     for rel, size in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(os.urandom(size))
+        data = os.urandom(size)
+        if rel.startswith("artifacts/"):
+            data = encode_artifact(data, rel.rsplit("/", 1)[1], key=builder_key())
+        (root / rel).write_bytes(data)
     return root
 
 
+def on_disk(root: Path, files: Iterable[str]) -> int:
+    return sum((root / rel).stat().st_size for rel in files)
+
+
 def test_pack_unpack_round_trip(tmp_path: Path) -> None:
-    files = {"artifacts/ab/one": 5000, "artifacts/cd/two": 0, "models/m/index/x": 70_000}
+    files = {"artifacts/ab/ab01": 5000, "artifacts/cd/cd02": 0, "models/m/index/x": 70_000}
     src = make_cache(tmp_path / "src", files)
     for suffix in ("tar", "tar.gz", "tar.xz"):
         arc = tmp_path / f"c.{suffix}"
         pack_cache(src, arc)
         dst = tmp_path / f"dst-{suffix}"
         res = unpack_cache(arc, dst)
-        assert (res.written, res.unchanged, res.bytes) == (3, 0, sum(files.values()))
+        assert (res.written, res.unchanged, res.bytes) == (3, 0, on_disk(src, files))
         for rel in files:
             assert (dst / rel).read_bytes() == (src / rel).read_bytes()
             assert (dst / rel).stat().st_mode & 0o777 == 0o600

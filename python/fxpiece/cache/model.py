@@ -14,6 +14,7 @@ from fxpiece.cache.store import ArtifactStore
 from fxpiece.cache.trust import check_tree, ensure_private_under
 from fxpiece.context import validate_path_part
 from fxpiece.errors import CacheError
+from fxpiece.signing import BuilderKey, KeyRing, TrustedKeys
 
 __all__ = ["ModelCache"]
 
@@ -32,8 +33,23 @@ class ModelCache:
         *,
         trust: bool = False,
         readonly: bool = False,
+        signer: BuilderKey | None = None,
+        trusted_keys: TrustedKeys | None = None,
+        keys: KeyRing | None = None,
+        accept_unsigned: bool | None = None,
     ) -> None:
+        """``signer`` / ``trusted_keys``: the key artifacts are signed with
+        and the keys whose signatures load (default: this builder's key,
+        made on first write, and :func:`~fxpiece.signing.trusted_keys`, each
+        loaded on first need); or ``keys``, one
+        :class:`~fxpiece.signing.KeyRing` shared by every model of a process
+        (loaded once). ``accept_unsigned``: see
+        :attr:`ArtifactStore.accept_unsigned`."""
         validate_path_part("model_tag", model_tag)
+        if keys is None:
+            keys = KeyRing(signer, trusted_keys)
+        elif signer is not None or trusted_keys is not None:
+            raise ValueError("give keys, or signer and trusted_keys, not both")
         self.layout = layout
         self.key = key
         self.readonly = readonly
@@ -48,7 +64,12 @@ class ModelCache:
             ensure_private_under(layout.root, index, trust=trust)
         self.index = CacheIndex(str(index), readonly=readonly)
         self.artifacts = ArtifactStore(
-            layout, readonly=readonly, trust=trust, on_quarantine=self._drop_entries
+            layout,
+            readonly=readonly,
+            trust=trust,
+            on_quarantine=self._drop_entries,
+            keys=keys,
+            accept_unsigned=accept_unsigned,
         )
 
     def _check_trusted(self, index: Path) -> None:

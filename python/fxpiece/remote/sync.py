@@ -4,25 +4,36 @@ a remote store and back, for operators (seeding a fleet, warming a pod).
 **push** reads the root without changing it (the one scan
 :func:`~fxpiece.cache.admin.scan.scan_cache`, artifacts through
 :meth:`ArtifactStore.read <fxpiece.cache.store.ArtifactStore.read>`, which
-verifies header, length, checksum and the digest binding). Each verified
-artifact becomes the blob of its digest in its file form
-(``FXPIECE-ARTIFACT v2 digest=<hex> ...``, stored only if absent); then each
-model's index entries go into its map, an entry that names an artifact only
-once that artifact's blob is on the server. Anything not verified (corrupt,
-``v1``, missing, over the size limit) stays behind and is listed.
+verifies header, length, checksum, the digest binding and the signature of
+a ``v3`` file against the trusted keys). Each verified artifact becomes the
+blob of its digest in its signed file form (``FXPIECE-ARTIFACT v3
+digest=<hex> ... sig=<signer:signature>``, stored only if absent): a ``v3``
+file travels byte for byte with its own signer; an unsigned ``v2`` file of
+this root (written before ``v3``: the root passed the ownership checks, so
+the local backend loads it) is signed by the pusher's builder key on the
+way out, the pusher vouching for it. Then each model's index entries go
+into its map, each signed (kind ``index-entry``, :func:`sign_entry`), an
+entry that names an artifact only once that artifact's blob is on the
+server. Anything not verified (corrupt, ``v1``, signed by a key not
+trusted, missing, over the size limit) stays behind and is listed.
 
 **pull** writes through the local store's normal paths:
 each blob is checked (:func:`~fxpiece.cache.store.decode_artifact` with the
-digest it was stored under: header, length, checksum, binding) and stored
-with :meth:`ArtifactStore.put <fxpiece.cache.store.ArtifactStore.put>`
-(kept if a valid one is already there); index entries go into
-:class:`~fxpiece.cache.model.ModelCache` indexes, only where the local index
-has no entry under that key (the local tier wins), pointing at the artifact
-as stored locally. Malformed entries and blobs that fail their check are
-refused and listed. Nothing is unpickled: payloads are bytes here.
+digest it was stored under: header, length, checksum, binding, and a
+signature by a trusted key: unsigned ``v1``/``v2`` blobs and untrusted or
+revoked signers are refused) and stored with :meth:`ArtifactStore.put
+<fxpiece.cache.store.ArtifactStore.put>` keeping its signature (so ``cache
+ls`` names who built it; kept if a valid one is already there); index
+entries must carry a trusted ``index-entry`` signature (:func:`verify_entry`)
+and go into :class:`~fxpiece.cache.model.ModelCache` indexes (without the
+signature: the local index is bound by the private root), only where the
+local index has no entry under that key (the local tier wins), pointing at
+the artifact as stored locally. Malformed or unsigned entries and blobs
+that fail their check are refused and listed. Nothing is unpickled:
+payloads are bytes here.
 
 Remote index fields are the index key as compact JSON (``[1,8,0,"inductor"]``),
-values the entry as JSON (UTF-8).
+values the entry as JSON (UTF-8) with its signature under ``"sig"``.
 """
 
 from __future__ import annotations
@@ -38,21 +49,42 @@ from fxpiece.cache.admin.scan import artifact_rel, model_key, scan_cache
 from fxpiece.cache.keys import IndexKey
 from fxpiece.cache.layout import KEY_DIR_LEN, CacheLayout
 from fxpiece.cache.model import ModelCache
-from fxpiece.cache.store import ArtifactStore, decode_artifact, encode_artifact
+from fxpiece.cache.store import (
+    ARTIFACT_KIND,
+    ArtifactStore,
+    artifact_message,
+    decode_artifact,
+    encode_artifact,
+)
 from fxpiece.cache.trust import ensure_private_dir
-from fxpiece.errors import BlobTooLargeError, ConfigError, CorruptArtifactError
+from fxpiece.errors import (
+    BlobTooLargeError,
+    ConfigError,
+    CorruptArtifactError,
+    SignatureError,
+)
+from fxpiece.hashing import hash_factors
 from fxpiece.remote.base import RemoteStore
+from fxpiece.signing import BuilderKey, KeyRing, TrustedKeys, verify_digest
 
 __all__ = [
+    "ENTRY_KIND",
     "PullResult",
     "PushResult",
     "decode_entry",
     "encode_entry",
     "entry_field",
+    "entry_message",
     "parse_entry_field",
     "pull_cache",
     "push_cache",
+    "sign_entry",
+    "verify_entry",
 ]
+
+ENTRY_KIND = "index-entry"
+"""The signature kind of a remote index entry (:mod:`fxpiece.signing`)."""
+_SIG = "sig"
 
 
 def entry_field(key: IndexKey) -> str:
@@ -99,6 +131,36 @@ def decode_entry(raw: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def entry_message(model_key: str, model_tag: str, field: str, value: dict[str, Any]) -> str:
+    """What a remote index entry's signature signs (64 hex):
+    ``hash_factors([model key, model tag, field, value without "sig"])``,
+    binding the entry to its model and index key (an entry moved to another
+    model or key fails)."""
+    unsigned = {k: v for k, v in value.items() if k != _SIG}
+    return hash_factors([model_key, model_tag, field, unsigned])
+
+
+def sign_entry(
+    key: BuilderKey, model_key: str, model_tag: str, field: str, value: dict[str, Any]
+) -> dict[str, Any]:
+    """``value`` with its ``index-entry`` signature under ``"sig"``."""
+    sig = key.sign_digest(ENTRY_KIND, entry_message(model_key, model_tag, field, value))
+    return {**{k: v for k, v in value.items() if k != _SIG}, _SIG: sig.text()}
+
+
+def verify_entry(
+    trusted: TrustedKeys, model_key: str, model_tag: str, field: str, value: dict[str, Any]
+) -> dict[str, Any]:
+    """``value`` without its signature, if a trusted key signed it for this
+    model, tag and field; :class:`~fxpiece.errors.SignatureError` otherwise
+    (unsigned, malformed, tampered with, untrusted or revoked signer)."""
+    sig = value.get(_SIG)
+    if not isinstance(sig, str):
+        raise SignatureError("unsigned index entry")
+    verify_digest(ENTRY_KIND, entry_message(model_key, model_tag, field, value), sig, trusted)
+    return {k: v for k, v in value.items() if k != _SIG}
+
+
 @dataclass(frozen=True, slots=True)
 class PushResult:
     """What :func:`push_cache` copied."""
@@ -115,6 +177,8 @@ class PushResult:
     """Already on the server under the same key (left as they are)."""
     skipped: tuple[str, ...] = ()
     """What stayed behind, and why."""
+    signed_here: int = 0
+    """Unsigned (pre-``v3``) artifacts of the root the pusher signed on the way out."""
 
     @property
     def ok(self) -> bool:
@@ -126,6 +190,7 @@ class PushResult:
             "url": self.url,
             "models": self.models,
             "blobs_pushed": self.blobs_pushed,
+            "signed_here": self.signed_here,
             "blobs_present": self.blobs_present,
             "bytes_pushed": self.bytes_pushed,
             "entries_pushed": self.entries_pushed,
@@ -177,10 +242,6 @@ def _names_artifact(value: Any) -> bool:
     return isinstance(handle, dict) and "artifact" in handle
 
 
-def _as_bytes(data: bytes | bytearray) -> bytes:
-    return data if isinstance(data, bytes) else bytes(data)
-
-
 # -- push -------------------------------------------------------------------------
 
 
@@ -192,6 +253,7 @@ class _Push:
     pushed: int = 0
     present: int = 0
     bytes: int = 0
+    signed_here: int = 0
     skipped: list[str] = field(default_factory=list)
 
     def blob(self, rel: str) -> bool:
@@ -203,11 +265,19 @@ class _Push:
         if self.store.has_blob(digest):
             self.present += 1
         else:
-            got = self.artifacts.read(digest)
-            if got is None:
-                self.skipped.append(f"{rel}: missing, corrupt or v1 (not bound to its digest)")
+            art = self.artifacts.get(digest)
+            if art is None:
+                self.skipped.append(
+                    f"{rel}: missing, corrupt, v1 (not bound to its digest) or not signed by "
+                    "a trusted key"
+                )
                 return False
-            data = encode_artifact(_as_bytes(got[0]), digest)
+            signature = art.signature
+            if signature is None:  # pre-v3, loaded from this private root: vouched for
+                message = artifact_message(digest, art.checksum, len(art.payload))
+                signature = self.artifacts.signer().sign_digest(ARTIFACT_KIND, message)
+                self.signed_here += 1
+            data = encode_artifact(art.payload, digest, signature=signature)
             try:
                 if self.store.put_blob(digest, data):
                     self.pushed += 1
@@ -221,14 +291,20 @@ class _Push:
         return True
 
 
-def push_cache(root: str | os.PathLike[str], store: RemoteStore) -> PushResult:
+def push_cache(
+    root: str | os.PathLike[str], store: RemoteStore, *, keys: KeyRing | None = None
+) -> PushResult:
     """Copy every verified artifact and every index entry of the cache at
-    ``root`` to ``store`` (see the module's docs); ``root`` is not changed.
-    Raises :class:`~fxpiece.errors.RemoteUnavailableError` if the store
-    fails (what was copied until then stays: every write stands alone)."""
+    ``root`` to ``store``, signed (see the module's docs); ``root`` is not
+    changed. ``keys``: the builder key to sign with and the keys whose
+    artifacts are pushed (default: this builder's). Raises
+    :class:`~fxpiece.errors.RemoteUnavailableError` if the store fails
+    (what was copied until then stays: every write stands alone), a
+    :class:`~fxpiece.errors.CacheError` if there is no usable signing key."""
     scan = scan_cache(root)
     store.ping()  # unreachable: one error before anything is read
-    push = _Push(store, ArtifactStore(scan.layout, readonly=True))
+    push = _Push(store, ArtifactStore(scan.layout, readonly=True, keys=keys or KeyRing()))
+    signer = push.artifacts.signer()  # no key: one error before anything is sent
     for path in sorted(scan.artifacts):
         push.blob(path)
     models = entries_pushed = entries_present = 0
@@ -249,10 +325,13 @@ def push_cache(root: str | os.PathLike[str], store: RemoteStore) -> PushResult:
             if rel is not None and not push.blob(rel):
                 push.skipped.append(f"{m.rel} {list(ikey)}: its artifact stayed behind")
                 continue
+            fname = entry_field(ikey)
+            if not isinstance(value, dict):
+                push.skipped.append(f"{m.rel} {list(ikey)}: not an entry")
+                continue
+            signed = sign_entry(signer, key, m.tag, fname, value)
             try:
-                stored = store.put_entry(
-                    m.tag, key, entry_field(ikey), encode_entry(value), if_absent=True
-                )
+                stored = store.put_entry(m.tag, key, fname, encode_entry(signed), if_absent=True)
             except BlobTooLargeError as e:
                 push.skipped.append(f"{m.rel} {list(ikey)}: {e.strerror}")
                 continue
@@ -270,6 +349,7 @@ def push_cache(root: str | os.PathLike[str], store: RemoteStore) -> PushResult:
         entries_pushed,
         entries_present,
         tuple(push.skipped),
+        push.signed_here,
     )
 
 
@@ -310,7 +390,9 @@ class _Pull:
             self.refused.append(f"{where}: not on the server")
             return None
         try:
-            art = decode_artifact(data, where, digest)
+            art = decode_artifact(
+                data, where, digest, trusted=self.artifacts.trusted_keys(), unsigned_ok=False
+            )
         except CorruptArtifactError as e:
             self.refused.append(e.strerror or str(e))
             return None
@@ -318,14 +400,21 @@ class _Pull:
         if art.digest is None:
             self.refused.append(f"{where}: a v1 artifact (not bound to its digest)")
             return None
-        handle = self.artifacts.put(digest, _as_bytes(art.payload))
+        try:
+            handle = self.artifacts.put(digest, art.payload, signature=art.signature)
+        except CorruptArtifactError as e:
+            self.refused.append(e.strerror or str(e))
+            return None
         self.written += 1
         self.bytes += len(art.payload)
         return handle
 
 
-def _pull_model(pull: _Pull, mc: ModelCache, entries: dict[str, bytes]) -> tuple[int, int]:
+def _pull_model(
+    pull: _Pull, mc: ModelCache, key: str, tag: str, entries: dict[str, bytes]
+) -> tuple[int, int]:
     label = f"{pull.store.url} {mc.folder.parent.name}/{mc.folder.name}"
+    trusted = pull.artifacts.trusted_keys()
     mc.index.refresh()
     batch: dict[IndexKey, Any] = {}
     present = 0
@@ -337,6 +426,11 @@ def _pull_model(pull: _Pull, mc: ModelCache, entries: dict[str, bytes]) -> tuple
             continue
         if ikey in mc.index:
             present += 1
+            continue
+        try:
+            value = verify_entry(trusted, key, tag, fname, value)
+        except SignatureError as e:
+            pull.refused.append(f"{label} {fname}: {e}")
             continue
         if _names_artifact(value):
             rel = artifact_rel(value)
@@ -356,25 +450,30 @@ def _pull_model(pull: _Pull, mc: ModelCache, entries: dict[str, bytes]) -> tuple
     return len(batch), present
 
 
-def pull_cache(root: str | os.PathLike[str], store: RemoteStore) -> PullResult:
-    """Copy every blob and index entry of ``store`` into the cache at
-    ``root`` (created private if missing) through the store's checked
-    writes (see the module's docs). Raises
+def pull_cache(
+    root: str | os.PathLike[str], store: RemoteStore, *, keys: KeyRing | None = None
+) -> PullResult:
+    """Copy every signed, trusted blob and index entry of ``store`` into the
+    cache at ``root`` (created private if missing) through the store's
+    checked writes (see the module's docs). ``keys``: whose signatures are
+    accepted (default: :func:`~fxpiece.signing.trusted_keys`). Raises
     :class:`~fxpiece.errors.RemoteUnavailableError` if the store fails
     (what was written until then is complete and valid)."""
     store.ping()  # unreachable: one error before anything is created
     layout = CacheLayout(ensure_private_dir(Path(root).expanduser()))
-    pull = _Pull(store, ArtifactStore(layout))
+    ring = keys or KeyRing()
+    pull = _Pull(store, ArtifactStore(layout, keys=ring))
+    pull.artifacts.trusted_keys()  # unreadable trust: one error before anything is written
     models = written = present = 0
     for tag, key in store.models():
         try:
             if len(key) <= KEY_DIR_LEN:
                 raise ConfigError("key", "a prefix, not a whole cache key")
-            mc = ModelCache(layout, key, tag)
+            mc = ModelCache(layout, key, tag, keys=ring)
         except ConfigError as e:
             pull.refused.append(f"{store.url} model {key[:16]}../{tag[:40]!r}: {e}")
             continue
-        w, p = _pull_model(pull, mc, store.entries(tag, key))
+        w, p = _pull_model(pull, mc, key, tag, store.entries(tag, key))
         models += 1
         written += w
         present += p

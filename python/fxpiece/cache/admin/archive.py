@@ -1,5 +1,13 @@
 """``fxpiece cache pack`` / ``unpack``: move a cache between machines as
-one archive with a checksummed manifest (:mod:`.manifest`)."""
+one archive with a checksummed manifest (:mod:`.manifest`).
+
+The manifest's checksums say the archive arrived as it was packed, not who
+built what it holds: ``unpack`` also requires every artifact in it to be a
+signed ``v3`` file whose signer is trusted (:func:`~fxpiece.signing.trusted_keys`,
+plus the keys given with ``--trust KEY`` for this unpack), or refuses the
+whole archive before anything is written. Unsigned (pre-``v3``) artifacts
+are refused: no key vouches for them.
+"""
 
 from __future__ import annotations
 
@@ -38,8 +46,10 @@ from fxpiece.cache.admin.place import move_all
 from fxpiece.cache.admin.scan import lstat
 from fxpiece.cache.layout import CacheLayout, safe_relpath
 from fxpiece.cache.safeio import file_kind
+from fxpiece.cache.store import check_artifact_signer, read_artifact
 from fxpiece.errors import CacheError
 from fxpiece.hashing import hash_files_report
+from fxpiece.signing import PublicKey, TrustedKeys, trusted_keys
 
 __all__ = ["PackResult", "UnpackResult", "pack_cache", "unpack_cache"]
 
@@ -75,6 +85,12 @@ class UnpackResult:
     unchanged: int
     """Files already present with the same content."""
     bytes: int
+    signers: tuple[tuple[PublicKey, int], ...] = ()
+    """Who signed the archive's artifacts, and how many each."""
+    not_trusted_for_loads: tuple[PublicKey, ...] = ()
+    """Signers accepted only through ``--trust`` (``extra_trust``): loads
+    refuse their artifacts until they are trusted (``fxpiece key trust
+    KEY`` or ``FXPIECE_TRUSTED_KEYS``)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -82,6 +98,8 @@ class UnpackResult:
             "written": self.written,
             "unchanged": self.unchanged,
             "bytes": self.bytes,
+            "signers": {str(k): n for k, n in self.signers},
+            "not_trusted_for_loads": [str(k) for k in self.not_trusted_for_loads],
         }
 
 
@@ -405,6 +423,32 @@ def _stage(
     return staged
 
 
+def _check_signers(
+    arc: Path, staged: Sequence[tuple[str, Path]], trusted: TrustedKeys
+) -> dict[PublicKey, int]:
+    """Every artifact staged is a ``v3`` file, bound to the digest of its
+    path, whose signature verifies and whose signer ``trusted`` trusts
+    (else the archive is refused, naming the member and the signer); the
+    signers and how many artifacts each signed."""
+    signers: dict[PublicKey, int] = {}
+    for name, tmp in staged:
+        if not name.startswith("artifacts/"):
+            continue
+        try:
+            art = read_artifact(tmp, CacheLayout.digest_of_artifact(name))
+            check_artifact_signer(art, trusted, name)
+        except CacheError as e:
+            why = (e.strerror or str(e)).removeprefix(f"{tmp}: ").removeprefix(f"{name}: ")
+            hint = ""
+            signer = getattr(e, "signer", None)
+            if signer is not None and "revoked" not in why:
+                hint = f" (to accept it: `fxpiece cache unpack --trust {signer} ...`)"
+            raise refuse(arc, f"{name!r}: {why}{hint}", name) from None
+        if art.signer is not None:  # always: unsigned ones were refused
+            signers[art.signer] = signers.get(art.signer, 0) + 1
+    return signers
+
+
 def _current_digests(root: Path, names: Sequence[str]) -> dict[str, str | None]:
     present = []
     for n in names:
@@ -427,7 +471,9 @@ def _missing_folders(root: Path) -> list[Path]:
     return out
 
 
-def _unpack(tar: tarfile.TarFile, arc: Path, root_p: Path) -> UnpackResult:
+def _unpack(
+    tar: tarfile.TarFile, arc: Path, root_p: Path, trusted: TrustedKeys
+) -> tuple[UnpackResult, dict[PublicKey, int]]:
     files = read_manifest(tar, arc)
     members = _check_members(tar, arc, files)
     _check_space(root_p, arc, (int(files[m.name]["size"]) for m in members))
@@ -441,6 +487,7 @@ def _unpack(tar: tarfile.TarFile, arc: Path, root_p: Path) -> UnpackResult:
         os.mkdir(staging, 0o700)
         try:
             staged = _stage(tar, arc, members, staging, files)
+            signers = _check_signers(arc, staged, trusted)
             current = _current_digests(root_p, [n for n, _ in staged])
             todo = [(n, t) for n, t in staged if current.get(n) != files[n]["blake3"]]
             move_all(root_p, todo, staging)
@@ -461,10 +508,16 @@ def _unpack(tar: tarfile.TarFile, arc: Path, root_p: Path) -> UnpackResult:
         written=len(todo),
         unchanged=len(staged) - len(todo),
         bytes=sum(int(files[m.name]["size"]) for m in members),
-    )
+    ), signers
 
 
-def unpack_cache(archive: str | os.PathLike[str], root: str | os.PathLike[str]) -> UnpackResult:
+def unpack_cache(
+    archive: str | os.PathLike[str],
+    root: str | os.PathLike[str],
+    *,
+    extra_trust: Iterable[PublicKey] = (),
+    trusted: TrustedKeys | None = None,
+) -> UnpackResult:
     """Unpack an archive made by :func:`pack_cache` into the cache ``root``.
 
     Every member header is checked before anything is written: it must be a
@@ -484,14 +537,30 @@ def unpack_cache(archive: str | os.PathLike[str], root: str | os.PathLike[str]) 
     failure the staging folder, and the folders this call created for
     ``root``, are removed. No half-written file is ever visible. Folders
     are created 0700, files 0600.
+
+    Every artifact must be signed (``v3``) by a key of ``trusted`` (default
+    :func:`~fxpiece.signing.trusted_keys`) or of ``extra_trust`` (``--trust
+    KEY``: for this unpack only; a revoked key stays refused), checked after
+    the manifest checksums and before anything is moved into place;
+    otherwise :class:`ArchiveError` naming the member and its signer.
     """
     arc = Path(archive)
     if not arc.is_file():
         raise CacheError(errno.ENOENT, f"no archive at {arc}", str(arc))
+    base = trusted_keys() if trusted is None else trusted
+    extra = frozenset(extra_trust)
     try:
         with tarfile.open(arc, mode="r:*", tarinfo=ArchiveTarInfo) as tar:
-            return _unpack(tar, arc, Path(root))
+            res, signers = _unpack(tar, arc, Path(root), base.with_keys(extra))
     except UnsafeHeader as e:
         raise refuse(arc, e.why, e.member) from None
     except _UNREADABLE as e:
         raise refuse(arc, f"not a readable tar archive ({_why(e)})") from None
+    return UnpackResult(
+        res.root,
+        res.written,
+        res.unchanged,
+        res.bytes,
+        tuple(sorted(signers.items())),
+        tuple(sorted(k for k in signers if not base.trusts(k))),
+    )

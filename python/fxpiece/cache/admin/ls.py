@@ -29,6 +29,7 @@ from fxpiece.cache.admin.scan import (
 )
 from fxpiece.cache.keys import AOT, IndexKey, is_kernels_key
 from fxpiece.cache.layout import CacheLayout
+from fxpiece.cache.store import read_header
 
 __all__ = ["CacheListing", "EntryInfo", "ModelInfo", "list_cache"]
 
@@ -46,6 +47,14 @@ class EntryInfo:
     """Relative path of the artifact, for handles that have one (``inductor``)."""
     size: int | None
     """Bytes of the artifact on disk (``None``: no artifact, or missing)."""
+    signer: str | None = None
+    """Who the artifact's header says signed it (``ed25519:...``); ``None``:
+    unsigned (before ``v3``), no artifact, or unreadable. Read from the
+    header only, not verified: ``fxpiece cache verify`` checks signatures."""
+
+    @property
+    def signer_short(self) -> str:
+        return "unsigned" if self.signer is None else self.signer[:20] + ".."
 
     @property
     def range(self) -> str:
@@ -63,6 +72,7 @@ class EntryInfo:
             "digest": self.digest,
             "artifact": self.artifact,
             "size": self.size,
+            "signer": self.signer,
         }
 
 
@@ -101,6 +111,12 @@ class ModelInfo:
     def compilers(self) -> tuple[str, ...]:
         return tuple(sorted({e.compiler for e in self.entries}))
 
+    @property
+    def signers(self) -> tuple[str, ...]:
+        """The short signers of its artifacts (``unsigned`` for pre-``v3`` ones)."""
+        found = (e for e in (*self.entries, *self.kernels) if e.size is not None)
+        return tuple(sorted({e.signer_short for e in found}))
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "key": self.key,
@@ -111,6 +127,7 @@ class ModelInfo:
             "pieces": list(self.pieces),
             "ranges": list(self.ranges),
             "compilers": list(self.compilers),
+            "signers": list(self.signers),
             "artifact_bytes": self.artifact_bytes,
             "missing_artifacts": self.missing_artifacts,
             "last_use": self.last_use,
@@ -151,13 +168,26 @@ class CacheListing:
         }
 
 
-def _entry(key: IndexKey, value: Any, on_disk: ArtifactFile | None) -> EntryInfo:
+def _signer(root: Path, rel: str, seen: dict[str, str | None]) -> str | None:
+    """The signer an artifact's header names (read once per listing)."""
+    if rel not in seen:
+        try:
+            seen[rel] = str(read_header(root / rel).signer or "") or None
+        except OSError:
+            seen[rel] = None
+    return seen[rel]
+
+
+def _entry(
+    key: IndexKey, value: Any, on_disk: ArtifactFile | None, signer: str | None
+) -> EntryInfo:
     digest = value.get("digest") if isinstance(value, Mapping) else None
     return EntryInfo(
         *key,
         digest=digest if isinstance(digest, str) else None,
         artifact=artifact_rel(value),
         size=on_disk.size if on_disk else None,
+        signer=signer,
     )
 
 
@@ -178,7 +208,7 @@ def _last_use(scan: Scan, m: ModelScan, used: Mapping[str, ArtifactFile]) -> flo
     return max(times) if times else _mtime(scan.layout.factors_file(m.folder))
 
 
-def _model_info(scan: Scan, m: ModelScan) -> ModelInfo:
+def _model_info(scan: Scan, m: ModelScan, seen: dict[str, str | None]) -> ModelInfo:
     entries: list[EntryInfo] = []
     kernels: list[EntryInfo] = []
     used: dict[str, ArtifactFile] = {}
@@ -190,10 +220,11 @@ def _model_info(scan: Scan, m: ModelScan) -> ModelInfo:
             missing.add(rel)
         elif rel and on_disk is not None:
             used[rel] = on_disk
+        signer = _signer(scan.layout.root, rel, seen) if rel and on_disk else None
         if is_kernels_key(key):
-            kernels.append(_entry(key, value, on_disk))
+            kernels.append(_entry(key, value, on_disk, signer))
         else:
-            entries.append(_entry(key, value, on_disk))
+            entries.append(_entry(key, value, on_disk, signer))
     return ModelInfo(
         key=model_key(m),
         tag=m.tag,
@@ -216,7 +247,10 @@ def list_cache(root: str | os.PathLike[str]) -> CacheListing:
     with corrupt files lists its good entries; ``verify --repair`` moves the
     bad ones aside), and hostile files are reported, never opened."""
     scan = scan_cache(root)
-    models = sorted((_model_info(scan, m) for m in scan.models), key=lambda mi: -(mi.last_use or 0))
+    seen: dict[str, str | None] = {}
+    models = sorted(
+        (_model_info(scan, m, seen) for m in scan.models), key=lambda mi: -(mi.last_use or 0)
+    )
     live = sorted(scan.artifacts.items())
     hostile = [f"{rel} {why}" for rel, why in sorted(scan.hostile.items())]
     return CacheListing(

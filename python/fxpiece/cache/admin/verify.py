@@ -5,9 +5,14 @@ An artifact is checked the way the backend loads it
 :func:`~fxpiece.cache.safeio.read_regular` (never a FIFO, symlink, device or
 oversized file), its header, length and checksum verified by
 :func:`~fxpiece.cache.store.parse_artifact` (with the digest its header
-records, ``v2``, equal to the digest of the path it is stored under), and its
-checksum compared with the ``blake3`` of every index entry that references
-it (what binds a ``v1`` file, which records no digest).
+records, ``v2``/``v3``, equal to the digest of the path it is stored
+under), the signature of a ``v3`` file verified and its signer looked up in
+the trusted keys (:func:`~fxpiece.signing.trusted_keys`: a signer that is
+not trusted, or revoked, is a problem, moved aside by ``--repair`` as the
+backend would), and its checksum compared with the ``blake3`` of every
+index entry that references it (what binds a ``v1`` file, which records no
+digest). Unsigned ``v1``/``v2`` files (written before ``v3``) load from a
+root of your own, so they are counted (``unsigned``), not problems.
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ from fxpiece.cache.index import CacheIndex
 from fxpiece.cache.keys import is_kernels_key
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.safeio import read_regular
-from fxpiece.cache.store import parse_artifact, quarantine
+from fxpiece.cache.store import check_artifact_signer, decode_artifact, quarantine
 from fxpiece.cache.trust import find_untrusted
 from fxpiece.errors import CacheError, HostileFileError
+from fxpiece.signing import PublicKey, TrustedKeys, trusted_keys
 
 __all__ = ["ArtifactProblem", "CacheVerifyReport", "IndexCheck", "verify_cache"]
 
@@ -82,6 +88,12 @@ class CacheVerifyReport:
     """Kernel bundles checked (artifacts too, not counted in ``artifacts_checked``)."""
     untrusted: tuple[str, ...] = ()
     """Paths the backend would refuse (trust boundary), with why and the fix."""
+    signers: tuple[tuple[PublicKey, int], ...] = ()
+    """Who signed the good artifacts (and kernel bundles), how many each."""
+    unsigned: int = 0
+    """Good artifacts without a signature (written before ``v3``: they load
+    from this root only while it is your own; push signs them on the way
+    out, ``unpack`` and ``pull`` refuse them)."""
 
     @property
     def index_problems(self) -> int:
@@ -100,6 +112,8 @@ class CacheVerifyReport:
             "artifacts_checked": self.artifacts_checked,
             "kernel_bundles_checked": self.kernel_bundles_checked,
             "untrusted": list(self.untrusted),
+            "signers": {str(k): n for k, n in self.signers},
+            "unsigned": self.unsigned,
             "artifact_bytes": self.artifact_bytes,
             "problems": [p.as_dict() for p in self.problems],
             "unreferenced": list(self.unreferenced),
@@ -132,50 +146,77 @@ def _read(layout: CacheLayout, rel: str) -> tuple[bytes | None, str | None]:
         return None, f"unreadable ({e.strerror or e})"
 
 
-def artifact_fault(layout: CacheLayout, rel: str, refs: Sequence[Ref]) -> tuple[str | None, int]:
+@dataclass(frozen=True, slots=True)
+class _Fault:
+    reason: str | None
+    """Why the artifact is bad; ``None``: it is good."""
+    size: int
+    signer: PublicKey | None = None
+
+
+def artifact_fault(
+    layout: CacheLayout, rel: str, refs: Sequence[Ref], trusted: TrustedKeys | None = None
+) -> tuple[str | None, int]:
     """Why the artifact at ``rel`` is bad (``None``: it is good), and its
-    size in bytes if it could be read."""
+    size in bytes if it could be read (``trusted``: default
+    :func:`~fxpiece.signing.trusted_keys`)."""
+    f = _fault(layout, rel, refs, trusted_keys() if trusted is None else trusted)
+    return f.reason, f.size
+
+
+def _fault(layout: CacheLayout, rel: str, refs: Sequence[Ref], trusted: TrustedKeys) -> _Fault:
     data, why = _read(layout, rel)
     if data is None:
-        return why, 0
+        return _Fault(why, 0)
     if not data:
-        return "empty (0 bytes)", 0
+        return _Fault("empty (0 bytes)", 0)
     try:
-        _payload, got = parse_artifact(data, rel, CacheLayout.digest_of_artifact(rel))
+        art = decode_artifact(data, rel, CacheLayout.digest_of_artifact(rel))
+        check_artifact_signer(art, trusted, rel, unsigned_ok=True)
     except CacheError as e:
-        return _reason(e, Path(rel)), len(data)
+        return _Fault(_reason(e, Path(rel)), len(data))
+    got = art.checksum
     for r in refs:
         if r.blake3 is None:
-            return f"{r.label()}: its index entry has no checksum", len(data)
+            return _Fault(f"{r.label()}: its index entry has no checksum", len(data))
         if got != r.blake3:
-            return (
+            return _Fault(
                 f"checksum mismatch with the index (BLAKE3 {got[:12]}.., "
-                f"{r.label()} expects {r.blake3[:12]}..)"
-            ), len(data)
-    return None, len(data)
+                f"{r.label()} expects {r.blake3[:12]}..)",
+                len(data),
+            )
+    return _Fault(None, len(data), art.signer)
 
 
 class _Verifier:
     """One verify run: the problems found, the indexes opened to repair."""
 
-    def __init__(self, scan: Scan, repair: bool) -> None:
+    def __init__(self, scan: Scan, repair: bool, trusted: TrustedKeys) -> None:
         self.scan = scan
         self.repair = repair
+        self.trusted = trusted
         self.indexes: dict[Path, CacheIndex] = {}
         self.problems: list[ArtifactProblem] = []
         self.checked_bytes = 0
+        self.signers: dict[PublicKey, int] = {}
+        self.unsigned = 0
 
     def artifact(self, rel: str, refs: Sequence[Ref], reason: str | None = None) -> None:
         """Check (unless ``reason`` is known) and, with repair, move aside."""
         if reason is None:
-            reason, size = artifact_fault(self.scan.layout, rel, refs)
-            self.checked_bytes += size
+            f = _fault(self.scan.layout, rel, refs, self.trusted)
+            reason = f.reason
+            self.checked_bytes += f.size
+            if reason is None and f.signer is None:
+                self.unsigned += 1
+            elif reason is None and f.signer is not None:
+                self.signers[f.signer] = self.signers.get(f.signer, 0) + 1
         if reason is None:
             return
         moved, removed = None, 0
         if self.repair:
             # Re-check first: another process may have rewritten it meanwhile.
-            if artifact_fault(self.scan.layout, rel, refs)[0] is None:
+            if _fault(self.scan.layout, rel, refs, self.trusted).reason is None:
                 return
             moved = self._move_aside(rel)
             removed = remove_entries(refs, self.indexes)
@@ -210,10 +251,13 @@ def _notes(scan: Scan) -> list[str]:
     return notes
 
 
-def verify_cache(root: str | os.PathLike[str], repair: bool = False) -> CacheVerifyReport:
+def verify_cache(
+    root: str | os.PathLike[str], repair: bool = False, *, trusted: TrustedKeys | None = None
+) -> CacheVerifyReport:
     """Check every index (``verify_index``) and every artifact an index
-    references (readable, header, length, checksum, and the checksum each
-    entry recorded); report every file under ``artifacts/`` that is no
+    references (readable, header, length, checksum, signature and signer
+    against ``trusted``, default :func:`~fxpiece.signing.trusted_keys`, and
+    the checksum each entry recorded); report every file under ``artifacts/`` that is no
     artifact (FIFO, symlink, folder, device, oversized: never read); list
     unreferenced artifacts. Each bad artifact is one problem.
 
@@ -222,8 +266,9 @@ def verify_cache(root: str | os.PathLike[str], repair: bool = False) -> CacheVer
     pointing to bad or missing artifacts are removed, so the next run
     recompiles exactly those. Without it nothing on disk changes.
     """
+    keys = trusted_keys() if trusted is None else trusted
     scan = scan_cache(root, repair_indexes=repair)
-    v = _Verifier(scan, repair)
+    v = _Verifier(scan, repair, keys)
     for rel in sorted(scan.refs):
         v.artifact(rel, scan.refs[rel])
     for rel, why in sorted(scan.hostile.items()):
@@ -243,4 +288,6 @@ def verify_cache(root: str | os.PathLike[str], repair: bool = False) -> CacheVer
         unreferenced=tuple(rel for rel in sorted(scan.artifacts) if rel not in scan.refs),
         warnings=tuple(_notes(scan)),
         untrusted=tuple(str(e) for e in find_untrusted(scan.root)),
+        signers=tuple(sorted(v.signers.items())),
+        unsigned=v.unsigned,
     )

@@ -128,7 +128,7 @@ def test_planted_pickle_never_runs_and_is_recompiled(
     marker = tmp_path / "pwned"
     other = tmp_path / "other" / "key" if how == "signed-by-another-builder" else None
     n = plant(cache, marker, signed_by_other=other)
-    config = {"allow_untrusted_cache": True} if other is None else {}
+    config: dict[str, Any] = {"allow_untrusted_cache": True} if other is None else {}
     r = warm(run_py, cache, tmp_path / "warm.pt", **config)
     assert not marker.exists(), "a planted pickle ran"
     assert r["diff"]["num_corrupt_artifacts"] >= 1, r["diff"]

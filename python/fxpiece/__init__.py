@@ -30,6 +30,7 @@ from fxpiece.errors import (
     LockTimeoutError,
     NotRunnableError,
     SizeOutOfRangeError,
+    SpecializedDimError,
     UntrustedCacheError,
 )
 from fxpiece.hashing import FileDigest, FilesReport, hash_factors, hash_files, hash_files_report
@@ -107,6 +108,7 @@ __all__ = [
     "PieceStats",
     "Range",
     "SizeOutOfRangeError",
+    "SpecializedDimError",
     "SplitItem",
     "StartupBreakdown",
     "UntrustedCacheError",

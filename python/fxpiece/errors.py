@@ -32,6 +32,11 @@ Every exception also subclasses a standard one so callers can catch broadly:
   is revoked.
 - :class:`ConfigError` (``ValueError``): a configuration field is invalid; the
   message names the field and the fix.
+- :class:`SpecializedDimError` (``ConfigError``): a dim marked dynamic
+  (``varying_dims`` or ``dynamic_arg_dims``) that the model's code makes a
+  constant (a sliding-window KV cache capped at its window); ``dims`` lists
+  each one with its constant. Dynamo's ``ConstraintViolationError`` is its
+  cause.
 - :class:`SizeOutOfRangeError` (``ValueError``): under ``strict``, a token
   count no compiled entry serves.
 - :class:`CacheWarning` (``UserWarning``): something on disk was wrong and was
@@ -60,6 +65,7 @@ __all__ = [
     "RevokedSignerError",
     "SignatureError",
     "SizeOutOfRangeError",
+    "SpecializedDimError",
     "UntrustedCacheError",
     "UntrustedSignerError",
 ]
@@ -151,6 +157,17 @@ class ConfigError(FxpieceError, ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class SpecializedDimError(ConfigError):
+    """A dim fxpiece marked dynamic (``field``: ``"varying_dims"`` or
+    ``"dynamic_arg_dims"``) is a constant in the model's code, so it does not
+    vary: ``dims`` holds ``(source, constant)`` for each, ``source`` as Dynamo
+    names it (``L['kwargs']['cache'].layers[0].keys.size()[2]``)."""
+
+    def __init__(self, field: str, message: str, dims: list[tuple[str, int]]) -> None:
+        super().__init__(field, message)
+        self.dims = dims
 
 
 class NotRunnableError(FxpieceError, RuntimeError):

@@ -26,7 +26,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["conform", "dense_order", "eager_piece", "output_orders"]
+__all__ = [
+    "conform",
+    "conform_fakes",
+    "dense_order",
+    "eager_piece",
+    "output_orders",
+    "piece_orders",
+]
 
 Order = tuple[int, ...] | None
 """The dims from innermost to outermost of a dense layout, or ``None``: leave as is."""
@@ -90,10 +97,9 @@ def output_orders(value: Any) -> tuple[Order, ...]:
     return tuple(dense_order(v) if isinstance(v, torch.Tensor) else None for v in values)
 
 
-def eager_piece(gm: torch.fx.GraphModule) -> Callable[..., Any]:
-    """What the stitched graph calls for an eager (split-op) piece: its own
-    code (no ``nn.Module`` call machinery), with its outputs conformed to
-    the layouts its recorded fakes have, where those are dense."""
+def piece_orders(gm: torch.fx.GraphModule) -> tuple[bool, tuple[Order, ...]]:
+    """Whether the piece returns a tuple, and the dense order of each of its
+    recorded output fakes (what :func:`eager_piece` conforms them to)."""
     (value,) = gm.graph.find_nodes(op="output")[0].args
     multi = isinstance(value, (tuple, list))
     nodes = value if multi else (value,)
@@ -101,7 +107,37 @@ def eager_piece(gm: torch.fx.GraphModule) -> Callable[..., Any]:
         n.meta.get("example_value", n.meta.get("val")) if isinstance(n, torch.fx.Node) else None
         for n in nodes
     )
-    orders = output_orders(fakes)
+    return multi, output_orders(fakes)
+
+
+def conform_fakes(gm: torch.fx.GraphModule, out: Any) -> Any:
+    """The fake outputs ``out`` of eager piece ``gm`` (a fake run of the
+    split module, whose values the compiled pieces may be compiled for) in
+    the layouts :func:`eager_piece` gives the real ones: a fake run must
+    see what the compiled pieces will be called with, not what the split
+    op's meta kernel returns for the fake run's input layouts (which can
+    differ from the recorded ones: Llama's prefill with a mask, layer 0)."""
+    multi, orders = piece_orders(gm)
+
+    def one(v: Any, order: Order) -> Any:
+        if order is None or not isinstance(v, torch.Tensor) or len(order) != v.dim():
+            return v
+        return torch.empty_strided(
+            v.shape, _dense_strides(v.shape, order), dtype=v.dtype, device=v.device
+        )
+
+    if not multi:
+        return one(out, orders[0])
+    return type(out)(one(v, o) for v, o in zip(out, orders, strict=False))
+
+
+def eager_piece(gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """What the stitched graph calls for an eager (split-op) piece: its own
+    code (no ``nn.Module`` call machinery), with its outputs conformed to
+    the layouts its recorded fakes have, where those are dense. (A fake run
+    of the split module gives its fakes the same layouts:
+    :func:`conform_fakes`.)"""
+    multi, orders = piece_orders(gm)
     fn: Callable[..., Any] = gm.forward
     if not any(o is not None for o in orders):
         return fn

@@ -17,6 +17,7 @@ from fxpiece.config import CompileConfig
 from fxpiece.piecewise.dispatch import TokenArg, concrete_inputs, find_token_arg
 from fxpiece.piecewise.factors import input_meta, piece_signature
 from fxpiece.piecewise.interface import CompileContext
+from fxpiece.piecewise.layouts import conform_fakes
 from fxpiece.piecewise.passes import PassManager
 from fxpiece.piecewise.split import SplitItem
 from fxpiece.piecewise.stats import PieceStats
@@ -202,7 +203,10 @@ def propagated_inputs(
             sub = split_gm._modules[str(target)]
             if sub is None:  # pragma: no cover - split_module always sets it
                 raise KeyError(target)
-            return sub(*args, **kwargs)
+            if target in names or not isinstance(sub, torch.fx.GraphModule):
+                return sub(*args, **kwargs)
+            # An eager piece: its outputs in the layouts it returns them in.
+            return conform_fakes(sub, sub(*args, **kwargs))
 
     ctx = fake_mode if fake_mode is not None else contextlib.nullcontext()
     with ctx, torch.no_grad():

@@ -4,18 +4,21 @@ dynamic, so token counts never trigger a recompile."""
 from __future__ import annotations
 
 import contextlib
+import inspect
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
 
 from fxpiece.config import CompileConfig
-from fxpiece.context import current_model_tag
-from fxpiece.errors import ConfigError, FxpieceError, NotRunnableError
+from fxpiece.errors import ConfigError, FxpieceError, NotRunnableError, SpecializedDimError
 from fxpiece.piecewise import _torch_compat
 from fxpiece.piecewise.aot_start import AotStart, StartInfo
 from fxpiece.piecewise.backend import Backend
+from fxpiece.piecewise.cache_open import model_tag_for
 from fxpiece.piecewise.stats import BackendStats, StartupBreakdown
 
 __all__ = ["CompiledModel", "compile"]
@@ -145,8 +148,7 @@ class CompiledModel:
         try:
             with _torch_compat.token_dims_context(self.backend.config.dynamic):
                 if self._aot is None:
-                    tag = current_model_tag()
-                    model_tag = tag.tag if tag is not None else self.backend.config.model_tag
+                    model_tag = model_tag_for(self.backend.config)
                     self._aot = AotStart(self.backend, self.model, model_tag)
                     with self._marked_for_capture(args, kwargs) as (a, k):
                         self._aot.start(a, k)
@@ -170,6 +172,68 @@ class CompiledModel:
             if isinstance(inner, FxpieceError):
                 raise inner from e
             raise
+        except ConstraintViolationError as e:
+            # Dims fxpiece marked dynamic that the model's code fixes.
+            err = self._specialized(e)
+            if err is None:
+                raise
+            raise err from e
+
+    def _specialized(self, e: ConstraintViolationError) -> SpecializedDimError | None:
+        """Dynamo's "you marked ... as dynamic but your code specialized it
+        to be a constant" as a typed error naming the argument, the field it
+        was marked through and the fix; ``None`` when the message names no
+        such dim."""
+        dims = [(src, int(c)) for src, c in _SPECIALIZED.findall(str(e))]
+        if not dims:
+            return None
+        arg = _argument(dims[0][0])
+        keys: set[int | str] = set() if arg is None else {arg}
+        if isinstance(arg, str):
+            with contextlib.suppress(TypeError, ValueError):
+                params = list(inspect.signature(self.model).parameters)
+                if arg in params:
+                    keys.add(params.index(arg))
+        vary = set(self.varying_dims or ())
+        field = "varying_dims" if keys & vary or (not keys and vary) else "dynamic_arg_dims"
+        src, const = dims[0]
+        n = len(dims) - 1
+        more = f" (and {n} more dim{'s' if n > 1 else ''} like it)" if n else ""
+        what = f"argument {arg!r}" if arg is not None else "that argument"
+        if field == "varying_dims":
+            fix = (
+                f"leave {what} out of varying_dims. A KV cache whose length is capped (a "
+                "sliding-window cache once it holds window - 1 tokens) keeps a constant "
+                "length: it is not a varying dim"
+            )
+        else:
+            fix = (
+                f"mark only the dims of {what} that carry the token count in "
+                "dynamic_arg_dims (by default dim 0 of every tensor argument is marked)"
+            )
+        return SpecializedDimError(
+            field,
+            f"{src} is marked dynamic, but the model's code makes it the constant "
+            f"{const}{more}, so it does not vary (Dynamo's ConstraintViolationError); "
+            f"{fix}",
+            dims,
+        )
+
+
+_SPECIALIZED = re.compile(
+    r"You marked (\S+) as dynamic but your code specialized it to be a constant \((-?\d+)\)"
+)
+
+
+def _argument(source: str) -> int | str | None:
+    """The call's argument a Dynamo source starts from: ``L['kwargs']['cache']...``
+    and ``L['cache']...`` name ``'cache'``, ``L['args'][1]...`` position 1."""
+    m = re.match(r"L\['kwargs'\]\['([^']+)'\]", source) or re.match(r"L\['args'\]\[(\d+)\]", source)
+    if m is None:
+        m = re.match(r"L\['([^']+)'\]", source)
+        return None if m is None else m.group(1)
+    g = m.group(1)
+    return int(g) if g.isdigit() else g
 
 
 def _held_tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:

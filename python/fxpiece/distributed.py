@@ -29,7 +29,7 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
@@ -40,36 +40,31 @@ from fxpiece.cache.store import checksum
 from fxpiece.config import CompileConfig
 from fxpiece.errors import CacheError
 from fxpiece.piecewise.backend import Backend
+from fxpiece.piecewise.coordination import SharedFolder
 from fxpiece.piecewise.plan import Work
 from fxpiece.piecewise.stats import ProgressEvent
 
-__all__ = ["DistributedBackend"]
+if TYPE_CHECKING:
+    from fxpiece.piecewise.resolver import Resolver
+
+__all__ = ["Collectives", "DistributedBackend"]
 
 
-class DistributedBackend(Backend):
-    """A :class:`~fxpiece.Backend` whose ranks share compiled pieces through
-    ``torch.distributed`` collectives (any backend; gloo on CPU). It works
-    through :meth:`Backend.before_build`."""
+class Collectives(SharedFolder):
+    """How the ranks of a ``torch.distributed`` job coordinate (a
+    :class:`~fxpiece.piecewise.coordination.Coordination`): after planning,
+    an all-gather of what each rank has, one compile per missing digest
+    (round-robin) and a broadcast of every artifact some rank lacks. Leases
+    stay in each rank's cache root; compile slots are this host's own folder
+    (ranks may have private roots), shared by every rank of the host."""
 
-    aot_unsupported = (
+    aot_unsupported: str | None = (
         "DistributedBackend exchanges artifacts with collectives while it builds, and "
         "every rank must build at the same point; a saved Dynamo output loads them "
         "at another point (ranks that start differently would deadlock)"
     )
 
-    def slot_folder(self, mc: ModelCache | None) -> tuple[Path, Path] | None:
-        """Ranks may have private cache roots: the slots are this host's
-        own folder, so every rank of the host shares them (each level below
-        ``/dev/shm`` checked before anything is created in it)."""
-        return host_slot_base(), host_slot_dir()
-
-    def __init__(
-        self,
-        config: CompileConfig | None = None,
-        progress: Callable[[ProgressEvent], None] | None = None,
-        group: Any = None,
-    ) -> None:
-        super().__init__(config, progress)
+    def __init__(self, group: Any = None) -> None:
         self.group = group
         self.shared_in = 0
         """Artifacts this rank received from other ranks."""
@@ -77,6 +72,11 @@ class DistributedBackend(Backend):
         """Artifacts this rank sent to other ranks."""
         self.kernels_in = 0
         """Kernel bundles this rank received with those artifacts."""
+
+    def slot_folder(self, mc: ModelCache | None) -> tuple[Path, Path] | None:
+        """``/dev/shm``'s per-user slot folder (each level below it checked
+        before anything is created in it)."""
+        return host_slot_base(), host_slot_dir()
 
     @staticmethod
     def _entry(w: Work, mc: ModelCache) -> dict[str, Any] | None:
@@ -123,7 +123,7 @@ class DistributedBackend(Backend):
             value["handle"] = mc.artifacts.put(digest, data)
         return value
 
-    def _import(self, w: Work, payload: dict[str, Any], mc: ModelCache) -> None:
+    def _import(self, resolver: Resolver, w: Work, payload: dict[str, Any], mc: ModelCache) -> None:
         kernels = payload.get("kernels")
         if kernels is not None:  # first: whoever sees the piece finds its kernels
             kv = kernels["value"]
@@ -131,12 +131,12 @@ class DistributedBackend(Backend):
                 piece_kernels_key(w.key), self._store(mc, kv["digest"], kv, kernels["data"])
             )
             self.kernels_in += 1
-        mc.index.insert(w.key, self._store(mc, w.digest, payload["value"], payload["data"]))
-        self.count("num_cache_entries_updated")
+        resolver.record(w, mc, self._store(mc, w.digest, payload["value"], payload["data"]))
         self.shared_in += 1
 
-    def before_build(self, work: Sequence[Work], model_cache: ModelCache | None) -> None:
-        if model_cache is None or not dist.is_available() or not dist.is_initialized():
+    def before(self, resolver: Resolver, work: Sequence[Work], mc: ModelCache | None) -> None:
+        """The exchange (every rank takes part in every collective)."""
+        if mc is None or not dist.is_available() or not dist.is_initialized():
             return
         rank = dist.get_rank(self.group)
         world = dist.get_world_size(self.group)
@@ -144,7 +144,7 @@ class DistributedBackend(Backend):
         for w in work:
             unique.setdefault(w.digest, w)
         items = list(unique.values())
-        have = [self._loadable(w, model_cache) for w in items]
+        have = [self._loadable(w, mc) for w in items]
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, have, group=self.group)
         if len({len(g) for g in gathered}) != 1:
@@ -155,16 +155,50 @@ class DistributedBackend(Backend):
         owner = {i: k % world for k, i in enumerate(nobody)}
         for i, r in owner.items():
             if r == rank:
-                self.count("num_cache_misses")
-                self.compile_work(items[i], model_cache)
+                resolver.count("num_cache_misses")
+                resolver.compile(items[i], mc)
         for i, w in enumerate(items):
             holders = [r for r in range(world) if gathered[r][i]]
             if len(holders) == world:
                 continue
             src = holders[0] if holders else owner[i]
-            box: list[Any] = [self._export(w, model_cache) if rank == src else None]
+            box: list[Any] = [self._export(w, mc) if rank == src else None]
             dist.broadcast_object_list(box, src=src, group=self.group)
             if rank == src:
                 self.shared_out += 1
             elif not gathered[rank][i]:
-                self._import(w, box[0], model_cache)
+                self._import(resolver, w, box[0], mc)
+
+
+class DistributedBackend(Backend):
+    """A :class:`~fxpiece.Backend` whose ranks share compiled pieces through
+    ``torch.distributed`` collectives (any backend; gloo on CPU): a backend
+    given the :class:`Collectives` coordination of ``group``."""
+
+    def __init__(
+        self,
+        config: CompileConfig | None = None,
+        progress: Callable[[ProgressEvent], None] | None = None,
+        group: Any = None,
+    ) -> None:
+        self.collectives = Collectives(group)
+        super().__init__(config, progress, coordination=self.collectives)
+
+    @property
+    def group(self) -> Any:
+        return self.collectives.group
+
+    @property
+    def shared_in(self) -> int:
+        """Artifacts this rank received from other ranks."""
+        return self.collectives.shared_in
+
+    @property
+    def shared_out(self) -> int:
+        """Artifacts this rank sent to other ranks."""
+        return self.collectives.shared_out
+
+    @property
+    def kernels_in(self) -> int:
+        """Kernel bundles this rank received with those artifacts."""
+        return self.collectives.kernels_in

@@ -52,14 +52,13 @@ import torch
 
 import fxpiece
 from fxpiece.cache.keys import AOT_TAG_SUFFIX, aot_key, factors_key
-from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.model import ModelCache
 from fxpiece.cache.store import checksum
-from fxpiece.cache.trust import ensure_private_dir
 from fxpiece.errors import CacheError, UntrustedCacheError
 from fxpiece.hashing import hash_files_report
 from fxpiece.piecewise._torch_compat import aot
 from fxpiece.piecewise.backend import Backend
+from fxpiece.piecewise.cache_open import open_model_cache
 from fxpiece.piecewise.factors import (
     compiler_factors,
     config_factors,
@@ -248,24 +247,14 @@ class AotStart:
         return path is not None
 
     def _open(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> ModelCache:
-        cfg = self.backend.config
-        root = cfg.resolved_cache_dir()
-        layout = CacheLayout(root if cfg.cache_readonly else ensure_private_dir(root))
         factors = self.launch_factors(args, kwargs)
-        mc = ModelCache(
-            layout,
+        return open_model_cache(
+            self.backend.config,
             factors_key(factors),
             self.model_tag + AOT_TAG_SUFFIX,
-            trust=cfg.allow_untrusted_cache,
-            readonly=cfg.cache_readonly,
+            factors,
+            rewrite_factors=False,
         )
-        if not mc.readonly and not CacheLayout.factors_file(mc.folder).exists():
-            # For people (``fxpiece cache explain``); the key does not need it.
-            try:
-                mc.write_factors(factors)
-            except OSError as e:
-                _log.warning("fxpiece: could not write to the cache: %s", e)
-        return mc
 
     def _load(self, mc: ModelCache, fn: Callable[..., Any]) -> tuple[str | None, str]:
         """Load the launch key's entries in order (``aot_key(0)``, ``(1)``...,

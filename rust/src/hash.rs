@@ -254,11 +254,11 @@ pub fn hash_factors(v: &Factor) -> String {
     to_hex(blake3::hash(&buf).as_bytes())
 }
 
-/// BLAKE3 (hex) of `b` as a bytes factor: equal to
+/// The raw BLAKE3 of `b` as a bytes factor: equal to the digest behind
 /// `hash_factors(&Factor::Bytes(b.to_vec()))`, streamed over the borrowed
 /// slice (no copy; multithreaded above 128 KiB), so checking a large
 /// artifact needs no memory beyond the artifact itself.
-pub fn checksum_bytes(b: &[u8]) -> String {
+pub fn checksum_raw(b: &[u8]) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     h.update(FACTORS_DOMAIN);
     h.update(b"B");
@@ -268,7 +268,12 @@ pub fn checksum_bytes(b: &[u8]) -> String {
     } else {
         h.update(b);
     }
-    to_hex(h.finalize().as_bytes())
+    *h.finalize().as_bytes()
+}
+
+/// [`checksum_raw`] as hex: an artifact's checksum.
+pub fn checksum_bytes(b: &[u8]) -> String {
+    to_hex(&checksum_raw(b))
 }
 
 #[cfg(test)]

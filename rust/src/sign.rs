@@ -65,26 +65,11 @@ pub fn check_kind(kind: &str) -> Result<()> {
     }
 }
 
-/// The framing of a bytes value in [`crate::hash::hash_factors`] (its
-/// domain, tag `B`, little-endian length): [`payload_digest`] streams the
-/// payload through the same framing, so it equals the artifact checksum
-/// (tested below against `hash_factors` itself).
-const CHECKSUM_DOMAIN: &[u8] = b"fxpiece.hash_factors.v1\0";
-
 /// The digest a payload is signed by: the raw 32 bytes of its fxpiece
 /// checksum (`hash_factors(payload)`, an artifact header's `blake3=`),
-/// streamed over the borrowed slice (multithreaded above 128 KiB, no copy).
+/// computed by [`crate::hash::checksum_raw`] (streamed, no copy).
 pub fn payload_digest(payload: &[u8]) -> [u8; DIGEST_LEN] {
-    let mut h = blake3::Hasher::new();
-    h.update(CHECKSUM_DOMAIN);
-    h.update(b"B");
-    h.update(&(payload.len() as u64).to_le_bytes());
-    if payload.len() > (128 << 10) {
-        h.update_rayon(payload);
-    } else {
-        h.update(payload);
-    }
-    *h.finalize().as_bytes()
+    crate::hash::checksum_raw(payload)
 }
 
 /// The exact bytes signed for a payload of `kind` whose digest is `digest`.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,27 +105,24 @@ class ModelCache:
         artifact that is gone, or not what the handle recorded): what needs
         it is rebuilt and recorded again, and the loss is reported once, not
         on every start."""
-        if self.readonly or not isinstance(handle, dict):
-            return
-        try:
-            self.index.refresh()
-            for key, value in self.index.entries():
-                if isinstance(value, dict) and value.get("handle") == handle:
-                    self.index.remove(key)
-        except CacheError as e:
-            _log.warning("fxpiece: could not drop the index entries of a lost artifact: %s", e)
+        if not self.readonly and isinstance(handle, dict):
+            self._drop_where(lambda h: h == handle, "a lost artifact")
 
     def _drop_entries(self, rel: str) -> None:
         """Drop the index entries whose handle points at ``rel`` (just moved
         aside), as they are now."""
+        self._drop_where(lambda h: h.get("artifact") == rel, rel)
+
+    def _drop_where(self, match: Callable[[dict[str, Any]], bool], what: str) -> None:
+        """Remove every entry (as the index is now) whose handle ``match``es."""
         try:
             self.index.refresh()
             for key, value in self.index.entries():
                 handle = value.get("handle") if isinstance(value, dict) else None
-                if isinstance(handle, dict) and handle.get("artifact") == rel:
+                if isinstance(handle, dict) and match(handle):
                     self.index.remove(key)
         except CacheError as e:
-            _log.warning("fxpiece: could not drop the index entries of %s: %s", rel, e)
+            _log.warning("fxpiece: could not drop the index entries of %s: %s", what, e)
 
     def ensure_locks_dir(self) -> Path:
         """``locks/``, created private after its levels are checked (a

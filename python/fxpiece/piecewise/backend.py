@@ -201,7 +201,12 @@ class Backend:
         """This backend's cache protocol (:mod:`fxpiece.piecewise.resolver`)."""
         if self._resolver is None:
             self._resolver = Resolver(
-                self.config, self.compiler, self.kernel_cache, self.coordination, self.stats
+                self.config,
+                self.compiler,
+                self.kernel_cache,
+                self.coordination,
+                self.stats,
+                self.count,
             )
         return self._resolver
 

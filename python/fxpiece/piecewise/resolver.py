@@ -30,7 +30,6 @@ from fxpiece.cache.lease import Lease
 from fxpiece.cache.model import ModelCache
 from fxpiece.cache.slots import CompileSlots, default_parallel_compiles
 from fxpiece.config import CompileConfig
-from fxpiece.counters import counters
 from fxpiece.errors import CacheError, CacheMissError, UntrustedCacheError
 from fxpiece.piecewise.coordination import Coordination
 from fxpiece.piecewise.interface import CompilerInterface
@@ -66,12 +65,15 @@ class Resolver:
         kernels: KernelCache,
         coordination: Coordination,
         stats: BackendStats,
+        count: Callable[[str], None],
     ) -> None:
         self.config = config
         self.compiler = compiler
         self.kernels = kernels
         self.coordination = coordination
         self.stats = stats
+        self.count = count
+        """Adds to a counter, process-wide and on the backend's stats."""
         self._built: dict[str, Callable[..., Any]] = {}
         """Every digest built here, for reuse across graphs."""
         self._built_for: dict[str, Path | None] = {}
@@ -80,11 +82,6 @@ class Resolver:
         """Compile slots by folder (``None``: the folder is unusable)."""
         self._slot_held = False
         """A slot is held for the compile under way (taken before its lease)."""
-
-    def count(self, name: str, n: int = 1) -> None:
-        """Add to a counter, process-wide and on the backend's stats."""
-        counters.add(name, n)
-        self.stats.counters.add(name, n)
 
     # -- the two passes ---------------------------------------------------------
     def resolve(

@@ -98,16 +98,18 @@ def test_a_piece_compiled_on_a_warm_start_gets_the_whole_graph(
     entry is gone) is compiled from the whole graph, as on a cold start."""
     import torch
 
+    from fxpiece.cache.entries import EntryIndex, PieceKey
     from fxpiece.cache.index import CacheIndex
-    from fxpiece.cache.keys import is_kernels_key
 
     proj, root = _copy(cold, tmp_path)
     (index_path,) = (p for p in root.glob("models/*/*/index") if ".aot" not in p.parent.name)
-    index = CacheIndex(str(index_path))
-    pieces = sorted(k for k, _ in index.entries() if not is_kernels_key(k) and k[2] >= 0)
+    index = EntryIndex(CacheIndex(str(index_path)))
+    pieces = [k for k, _ in index.items() if isinstance(k, PieceKey)]
     assert len(pieces) == 2, pieces
     # Gone from the index and from the store (else it is found by digest).
-    (root / index.get(pieces[-1])["handle"]["artifact"]).unlink()
+    entry = index.get(pieces[-1])
+    assert entry is not None
+    (root / entry.handle["artifact"]).unlink()
     assert index.remove(pieces[-1])
     r = _run(run_py, proj, root, tmp_path / "warm.pt")
     assert r["path"] == "aot-load", r
@@ -168,12 +170,14 @@ def test_graph_break_falls_back_with_the_reason_logged(run_py: PyRunner, tmp_pat
 def test_corrupt_entry_is_quarantined_and_the_start_recovers(
     cold: tuple[Path, Path, dict], run_py: PyRunner, tmp_path: Path
 ) -> None:
+    from fxpiece.cache.entries import AotKey, EntryIndex
     from fxpiece.cache.index import CacheIndex
-    from fxpiece.cache.keys import AOT_KEY
 
     proj, root = _copy(cold, tmp_path)
     (index,) = root.glob("models/*/*.aot/index")
-    rel = CacheIndex(str(index)).get(AOT_KEY)["handle"]["artifact"]
+    entry = EntryIndex(CacheIndex(str(index))).get(AotKey(0))
+    assert entry is not None
+    rel = entry.handle["artifact"]
     art = root / rel
     data = bytearray(art.read_bytes())
     data[len(data) // 2] ^= 0xFF

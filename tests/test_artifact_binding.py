@@ -19,8 +19,8 @@ import pytest
 import torch
 from conftest import PyRunner
 
+from fxpiece.cache.entries import KernelsKey, decode_key
 from fxpiece.cache.index import CacheIndex
-from fxpiece.cache.keys import is_kernels_key
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.model import ModelCache
 from fxpiece.cache.store import ArtifactStore, checksum, decode_artifact, encode_artifact
@@ -133,7 +133,7 @@ def _run(run_py: PyRunner, cache: Path, runs: list[tuple[str, str]]) -> dict[str
 
 def _pieces(folder: str) -> dict[tuple[int, int, int, str], Any]:
     index = CacheIndex(str(Path(folder) / "index"), readonly=True)
-    return {k: v for k, v in index.entries() if not is_kernels_key(k)}
+    return {k: v for k, v in index.entries() if not isinstance(decode_key(k), KernelsKey)}
 
 
 @pytest.mark.slow
@@ -182,7 +182,7 @@ def test_a_corrupt_kernel_bundle_is_reported_by_one_start_only(
     cold = _run(run_py, cache, [("f", "a")])
     folder = cold["out"]["a"]["folder"]
     index = CacheIndex(str(Path(folder) / "index"), readonly=True)
-    bundles = [v for k, v in index.entries() if is_kernels_key(k)]
+    bundles = [v for k, v in index.entries() if isinstance(decode_key(k), KernelsKey)]
     assert bundles, "the compile built kernels"
     path = cache / bundles[0]["handle"]["artifact"]
     data = bytearray(path.read_bytes())
@@ -215,7 +215,7 @@ def test_a_deleted_kernel_bundle_is_reported_by_one_start_only(
     cache = tmp_path / "cache"
     cold = _run(run_py, cache, [("f", "a")])
     index = CacheIndex(str(Path(cold["out"]["a"]["folder"]) / "index"), readonly=True)
-    bundles = [v for k, v in index.entries() if is_kernels_key(k)]
+    bundles = [v for k, v in index.entries() if isinstance(decode_key(k), KernelsKey)]
     assert bundles, "the compile built kernels"
     (cache / bundles[0]["handle"]["artifact"]).unlink()
 

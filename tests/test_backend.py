@@ -36,7 +36,7 @@ from conftest import (
 
 import fxpiece
 from fxpiece import CacheIndex, CompileConfig, ConfigError, Range, SizeOutOfRangeError
-from fxpiece.cache.keys import KERNELS_KEY, is_kernels_key
+from fxpiece.cache.entries import MODEL_KERNELS, EntryIndex, KernelsKey, PieceKey, decode_key
 from fxpiece.piecewise import _torch_compat
 from fxpiece.piecewise.factors import config_factors
 from fxpiece.toy_llama import ATTENTION_OP
@@ -442,13 +442,15 @@ def test_cache_folder_files_and_relative_handles(ranges_run: SimpleNamespace) ->
     entries = CacheIndex(str(folder / "index")).entries()
     # Kernel bundles (what Inductor built, for loads to rebuild nothing) have
     # their own keys: one beside each piece entry whose compile built kernels.
-    kernels = {k: v for k, v in entries if is_kernels_key(k)}
+    kernels = {decode_key(k): v for k, v in entries if isinstance(decode_key(k), KernelsKey)}
     assert kernels
     assert all(v["handle"]["artifact"].startswith("artifacts/") for v in kernels.values())
-    entries = [(k, v) for k, v in entries if not is_kernels_key(k)]
+    entries = [(k, v) for k, v in entries if isinstance(decode_key(k), PieceKey)]
     assert len(entries) == 15
-    assert {k[:3] for k in kernels} - {KERNELS_KEY[:3]} <= {k[:3] for k, _ in entries}
-    assert len(kernels.keys() - {KERNELS_KEY}) >= 3  # at least the first entry of each piece
+    per_piece = kernels.keys() - {MODEL_KERNELS}
+    typed = [decode_key(k) for k, _ in entries]
+    assert per_piece <= {k.kernels() for k in typed if isinstance(k, PieceKey)}
+    assert len(per_piece) >= 3  # at least the first entry of each piece
     keys = {k for k, _ in entries}
     assert {(k[0], k[1]) for k in keys} == {(e.start, e.end) for e in RANGE_ENTRIES}
     assert {k[2] for k in keys} == {0, 2, 6}
@@ -496,14 +498,14 @@ def test_piece_loaded_before_the_model_bundle_rebuilds_no_kernel(
     index = CacheIndex(
         str(Path(ranges_run.result["folder"].replace(str(ranges_run.cache), str(cache))) / "index")
     )
-    index.remove(KERNELS_KEY)  # as if the compiling process had not finished
-    assert any(is_kernels_key(k) for k, _ in index.entries())  # the pieces' own bundles
+    assert EntryIndex(index).remove(MODEL_KERNELS)  # as if the compiling process had not finished
+    assert any(isinstance(decode_key(k), KernelsKey) for k, _ in index.entries())  # the pieces' own
     out = tmp_path / "warm.pt"
     r = run_toy_subprocess(run_py, range_spec(cache, out))
     assert r["diff"].get("num_inductor_compiles", 0) == 0, r["diff"]
     index.refresh()
     # Nothing was rebuilt while loading, so there was nothing new to bundle.
-    assert KERNELS_KEY not in index, "loading the pieces rebuilt kernels"
+    assert EntryIndex(index).value(MODEL_KERNELS) is None, "loading the pieces rebuilt kernels"
     warm = torch.load(out)
     for n in RANGE_SIZES:
         torch.testing.assert_close(warm[n], ranges_run.outs[n], rtol=1e-6, atol=1e-6)
@@ -593,13 +595,13 @@ def test_fx_cache_cold_compile(fx_run: SimpleNamespace) -> None:
         torch.testing.assert_close(out, ref[n], rtol=1e-4, atol=1e-5)
     folder = fx_run.cm.stats.graphs[0].cache_folder
     entries = CacheIndex(str(folder / "index")).entries()
-    pieces = [k for k, _ in entries if not is_kernels_key(k)]
+    pieces = [k for k, _ in entries if not isinstance(decode_key(k), KernelsKey)]
     assert len(pieces) == 4 and len(entries) > 4  # 4 pieces, kernel bundles (FX-graph entries)
     for key, value in entries:
         for s in strings_in(value):
             assert not os.path.isabs(s), (key, s)
             assert str(fx_run.root) not in s, (key, s)
-        if not is_kernels_key(key):
+        if not isinstance(decode_key(key), KernelsKey):
             assert set(value["handle"]) == {"fx_graph_cache_key"}
 
 

@@ -153,8 +153,8 @@ pathlib.Path({marker!r}).write_text("imported")
 def test_aot_entry_is_verified_before_its_modules_are_looked_up(
     run_py: PyRunner, tmp_path: Path, damage: str
 ) -> None:
+    from fxpiece.cache.entries import AotKey
     from fxpiece.cache.index import CacheIndex
-    from fxpiece.cache.keys import AOT_KEY
 
     root = tmp_path / "cache"
     spec = json.dumps({"root": str(root)})
@@ -169,7 +169,7 @@ def test_aot_entry_is_verified_before_its_modules_are_looked_up(
     # The entry names it, and fails its verification.
     (index_dir,) = root.glob("models/*/*.aot/index")
     index = CacheIndex(str(index_dir))
-    value = index.get(AOT_KEY)
+    value = index.get(AotKey(0).to_raw())
     value["files"] = {"evilpkg.sub": "0" * 64, **value["files"]}
     if damage == "checksum":
         value["handle"] = {**value["handle"], "blake3": "f" * 64}
@@ -178,7 +178,7 @@ def test_aot_entry_is_verified_before_its_modules_are_looked_up(
         data = bytearray(art.read_bytes())
         data[-1] ^= 0xFF
         art.write_bytes(bytes(data))
-    index.insert(AOT_KEY, value)
+    index.insert(AotKey(0).to_raw(), value)
     del index
     path = os.pathsep.join(p for p in (str(tmp_path / "evil"), os.environ.get("PYTHONPATH")) if p)
     r = run_py.program("toy_eager_start", spec, env={"PYTHONPATH": path})

@@ -41,8 +41,8 @@ import pytest
 from conftest import TESTS_DIR
 
 from fxpiece import CacheIndex
+from fxpiece.cache.entries import KernelsKey, decode_key
 from fxpiece.cache.explain import FACTORS_LIMIT, read_factors
-from fxpiece.cache.keys import is_kernels_key
 from fxpiece.cache.layout import FACTORS_FILE, GRAPH_FILE, CacheLayout
 from fxpiece.cache.lease import LEASE_LIMIT, namespace_id, read_lease, this_host
 from fxpiece.cache.model import ModelCache
@@ -130,8 +130,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     folder = Path(r["folder"])
     index = CacheIndex(str(folder / "index"))
     entries = dict(index.entries())
-    kernels = next(v for k, v in sorted(entries.items()) if is_kernels_key(k))
-    piece = next(v for k, v in sorted(entries.items()) if not is_kernels_key(k))
+    kernels = next(v for k, v in sorted(entries.items()) if isinstance(decode_key(k), KernelsKey))
+    piece = next(v for k, v in sorted(entries.items()) if not isinstance(decode_key(k), KernelsKey))
     return SimpleNamespace(
         tmp=tmp,
         pkg=pkg,

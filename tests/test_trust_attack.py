@@ -22,8 +22,8 @@ import pytest
 import torch
 from conftest import NOBODY, PyRunner, as_nobody, run_toy_subprocess
 
+from fxpiece.cache.entries import KernelsKey, decode_key
 from fxpiece.cache.index import CacheIndex
-from fxpiece.cache.keys import is_kernels_key
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.store import ArtifactStore, encode_artifact
 from fxpiece.piecewise.kernels import KernelDir
@@ -89,7 +89,7 @@ def generated_modules(cache: Path) -> dict[str, bytes]:
     (index,) = list(cache.glob("models/*/backbone/index"))
     kd = KernelDir()
     for key, value in CacheIndex(str(index), readonly=True).entries():
-        if is_kernels_key(key):
+        if isinstance(decode_key(key), KernelsKey):
             payload = ArtifactStore(CacheLayout(cache), readonly=True).load(value["handle"])
             assert payload is not None
             kd.unpack(payload)
@@ -130,7 +130,9 @@ def test_artifact_planted_in_a_writable_folder_is_refused(
     built: tuple[Path, Path, Path], victim: Path, run_py: PyRunner, tmp_path: Path
 ) -> None:
     (index,) = list(victim.glob("models/*/backbone/index"))
-    piece = next(v for k, v in CacheIndex(str(index)).entries() if not is_kernels_key(k))
+    piece = next(
+        v for k, v in CacheIndex(str(index)).entries() if not isinstance(decode_key(k), KernelsKey)
+    )
     target = victim / piece["handle"]["artifact"]
     shard = target.parent
     os.chmod(shard, 0o777)

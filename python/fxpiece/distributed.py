@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from fxpiece.cache.keys import piece_kernels_key
+from fxpiece.cache.entries import Entry
 from fxpiece.cache.model import ModelCache
 from fxpiece.cache.slots import host_slot_base, host_slot_dir
 from fxpiece.cache.store import checksum
@@ -79,59 +80,62 @@ class Collectives(SharedFolder):
         return host_slot_base(), host_slot_dir()
 
     @staticmethod
-    def _entry(w: Work, mc: ModelCache) -> dict[str, Any] | None:
-        value = mc.index.get(w.key)
-        if not isinstance(value, dict) or value.get("digest") != w.digest:
-            return None
-        return value
+    def _entry(w: Work, mc: ModelCache) -> Entry | None:
+        entry = mc.entries.get(w.key)
+        return entry if entry is not None and entry.digest == w.digest else None
 
     def _loadable(self, w: Work, mc: ModelCache) -> bool:
-        value = self._entry(w, mc)
-        if value is None:
+        entry = self._entry(w, mc)
+        if entry is None:
             return False
-        handle = value.get("handle")
-        if isinstance(handle, dict) and "artifact" in handle:
-            return mc.artifacts.load(handle) is not None
-        return True
+        return not entry.names_artifact or mc.artifacts.load(entry.handle) is not None
 
     def _export(self, w: Work, mc: ModelCache) -> dict[str, Any]:
-        value = self._entry(w, mc)
+        entry = self._entry(w, mc)
+        if entry is None:  # its compile could not be recorded: each rank builds it
+            return {"value": None, "data": None, "kernels": None}
         data = None
-        handle = value.get("handle") if value is not None else None
-        if isinstance(handle, dict) and "artifact" in handle:
-            data = mc.artifacts.load(handle)
+        if entry.names_artifact:
+            data = mc.artifacts.load(entry.handle)
             if data is None:
                 raise CacheError(errno.ENOENT, f"artifact for {w.digest} vanished before sharing")
-        out: dict[str, Any] = {"value": value, "data": data, "kernels": None}
-        kernels = mc.index.get(piece_kernels_key(w.key))
-        if isinstance(kernels, dict):
-            payload = mc.artifacts.load(kernels.get("handle"))
+        out: dict[str, Any] = {"value": entry.to_raw(), "data": data, "kernels": None}
+        kernels = mc.entries.get(w.key.kernels())
+        if kernels is not None:
+            payload = mc.artifacts.load(kernels.handle)
             if payload is not None:  # else the receiver rebuilds them
-                out["kernels"] = {"value": kernels, "data": payload}
+                out["kernels"] = {"value": kernels.to_raw(), "data": payload}
         return out
 
     @staticmethod
-    def _store(mc: ModelCache, digest: str, value: dict[str, Any], data: bytes | None) -> Any:
-        """``value`` with its handle pointing at ``data`` stored here
-        (verified against the checksum the sender recorded)."""
-        value = dict(value)
+    def _store(mc: ModelCache, value: object, data: bytes | None) -> Entry:
+        """The entry another rank sent (``value``), its handle pointing at
+        ``data`` stored here (verified against the checksum the sender
+        recorded)."""
+        entry = Entry.from_raw(value)
+        if entry is None:
+            raise CacheError(errno.EIO, "a malformed index entry was received from another rank")
         if data is not None:
-            if checksum(data) != value["handle"]["blake3"]:
+            expected = entry.handle.get("blake3") if isinstance(entry.handle, dict) else None
+            if checksum(data) != expected:
                 raise CacheError(
-                    errno.EIO, f"artifact {digest} received from another rank fails its checksum"
+                    errno.EIO,
+                    f"artifact {entry.digest} received from another rank fails its checksum",
                 )
-            value["handle"] = mc.artifacts.put(digest, data)
-        return value
+            entry = replace(entry, handle=mc.artifacts.put(entry.digest, data))
+        return entry
 
     def _import(self, resolver: Resolver, w: Work, payload: dict[str, Any], mc: ModelCache) -> None:
+        if payload["value"] is None:
+            return
         kernels = payload.get("kernels")
         if kernels is not None:  # first: whoever sees the piece finds its kernels
-            kv = kernels["value"]
-            mc.index.insert(
-                piece_kernels_key(w.key), self._store(mc, kv["digest"], kv, kernels["data"])
-            )
+            mc.entries.put(w.key.kernels(), self._store(mc, kernels["value"], kernels["data"]))
             self.kernels_in += 1
-        resolver.record(w, mc, self._store(mc, w.digest, payload["value"], payload["data"]))
+        entry = self._store(mc, payload["value"], payload["data"])
+        if entry.digest != w.digest:
+            raise CacheError(errno.EIO, f"another rank sent {entry.digest} for {w.digest}")
+        resolver.record(w, mc, entry)
         self.shared_in += 1
 
     def before(self, resolver: Resolver, work: Sequence[Work], mc: ModelCache | None) -> None:

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 import fxpiece
+from fxpiece.cache.entries import MODEL_KERNELS, EntryIndex
 from fxpiece.cache.index import CacheIndex
-from fxpiece.cache.keys import KERNELS_KEY
 from fxpiece.distributed import DistributedBackend
 from fxpiece.toy_llama import ToyLlama, ToyLlamaConfig
 
@@ -51,7 +51,8 @@ def main(caches: str, compiler: str) -> dict[str, Any]:
         shared_in=backend.shared_in,
         rank=rank,
         kernels_in=backend.kernels_in,
-        model_bundle=KERNELS_KEY in CacheIndex(str(folder / "index"), readonly=True),
+        model_bundle=EntryIndex(CacheIndex(str(folder / "index"), readonly=True)).get(MODEL_KERNELS)
+        is not None,
     )
     dist.destroy_process_group()
     return c

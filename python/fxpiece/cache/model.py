@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fxpiece.cache.entries import Entry, EntryIndex, handle_artifact
 from fxpiece.cache.index import CacheIndex, write_atomic
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.safeio import read_regular
@@ -64,6 +65,8 @@ class ModelCache:
         if not readonly:
             ensure_private_under(layout.root, index, trust=trust)
         self.index = CacheIndex(str(index), readonly=readonly)
+        self.entries = EntryIndex(self.index)
+        """The index through typed keys and values (:mod:`fxpiece.cache.entries`)."""
         self.artifacts = ArtifactStore(
             layout,
             readonly=readonly,
@@ -95,8 +98,8 @@ class ModelCache:
         but does not load) and drop this model's index entries that point at
         it, in one step (:meth:`ArtifactStore.quarantine`): it is reported
         once, and what needs it is rebuilt. Whether anything was moved."""
-        rel = handle.get("artifact") if isinstance(handle, dict) else None
-        if not isinstance(rel, str) or not self.layout.is_artifact_rel(rel):
+        rel = handle_artifact(handle)
+        if rel is None:
             return False
         return self.artifacts.quarantine(self.layout.digest_of_artifact(rel)) is not None
 
@@ -105,21 +108,21 @@ class ModelCache:
         artifact that is gone, or not what the handle recorded): what needs
         it is rebuilt and recorded again, and the loss is reported once, not
         on every start."""
-        if not self.readonly and isinstance(handle, dict):
+        if not self.readonly:
             self._drop_where(lambda h: h == handle, "a lost artifact")
 
     def _drop_entries(self, rel: str) -> None:
         """Drop the index entries whose handle points at ``rel`` (just moved
         aside), as they are now."""
-        self._drop_where(lambda h: h.get("artifact") == rel, rel)
+        self._drop_where(lambda h: handle_artifact(h) == rel, rel)
 
-    def _drop_where(self, match: Callable[[dict[str, Any]], bool], what: str) -> None:
+    def _drop_where(self, match: Callable[[Any], bool], what: str) -> None:
         """Remove every entry (as the index is now) whose handle ``match``es."""
         try:
             self.index.refresh()
             for key, value in self.index.entries():
-                handle = value.get("handle") if isinstance(value, dict) else None
-                if isinstance(handle, dict) and match(handle):
+                entry = Entry.from_raw(value)
+                if entry is not None and match(entry.handle):
                     self.index.remove(key)
         except CacheError as e:
             _log.warning("fxpiece: could not drop the index entries of %s: %s", what, e)

@@ -6,7 +6,7 @@ can know without tracing: the environment, config, Inductor and compiler
 factors of the model key, and the call itself (the model's class and
 parameter metadata, the inputs' dtypes, ranks, marked dims and static
 sizes, grad mode). Under ``models/<launch key>/<model_tag>.aot`` the index
-holds one entry per captured Dynamo graph (:func:`~fxpiece.cache.keys.aot_key`,
+holds one entry per captured Dynamo graph (:class:`~fxpiece.cache.entries.AotKey`,
 up to :data:`MAX_ENTRIES`): the digest of the saved Dynamo output (a
 verified artifact in the content-addressed store) and the BLAKE3 of every
 source file Dynamo traced.
@@ -51,7 +51,8 @@ from typing import Any
 import torch
 
 import fxpiece
-from fxpiece.cache.keys import AOT_TAG_SUFFIX, aot_key, factors_key
+from fxpiece.cache.entries import AotKey, Entry, Unsupported, Value
+from fxpiece.cache.keys import AOT_TAG_SUFFIX, factors_key
 from fxpiece.cache.model import ModelCache
 from fxpiece.cache.store import checksum
 from fxpiece.errors import CacheError, UntrustedCacheError
@@ -129,7 +130,7 @@ class AotStart:
         self._last = 0
         """The entry that served the last call (tried first)."""
         self._slots: set[int] = set()
-        """Which ``aot_key(n)`` the entries are at (a capture takes the next free one)."""
+        """Which ``AotKey(n)`` the entries are at (a capture takes the next free one)."""
         self._mc: ModelCache | None = None
         self._target_fn: Callable[..., Any] | None = None
         self._grad = True
@@ -214,6 +215,8 @@ class AotStart:
             self.info = StartInfo("dynamo", f"launch folder unusable: {e}", 0.0)
             return self.info
         self._mc = mc
+        if mc.entries.value(AotKey(0)) is None:  # the fleet's remote tier may have it
+            self.backend.coordination.fetch(mc, [AotKey(0)])
         path, why = self._load(mc, fn)
         if path is None and self.can_capture():
             path, why_not = self._capture(mc, fn, lead, args, kwargs)
@@ -257,15 +260,15 @@ class AotStart:
         )
 
     def _load(self, mc: ModelCache, fn: Callable[..., Any]) -> tuple[str | None, str]:
-        """Load the launch key's entries in order (``aot_key(0)``, ``(1)``...,
+        """Load the launch key's entries in order (``AotKey(0)``, ``(1)``...,
         up to the first absent one); ``("aot-load", "")`` if any loaded."""
         why = "no ahead-of-time entry for this launch key yet"
         for n in range(MAX_ENTRIES):
-            value = mc.index.get(aot_key(n))
-            if not isinstance(value, dict):
+            value = mc.entries.value(AotKey(n))
+            if value is None:
                 break
-            if "unsupported" in value:
-                reason = str(value["unsupported"])
+            if isinstance(value, Unsupported):
+                reason = value.reason
                 self._recorded_unsupported = True
                 if n == 0:
                     self._log_unsupported(reason, recorded=True)
@@ -281,15 +284,15 @@ class AotStart:
         return "aot-load", ""
 
     def _load_one(
-        self, mc: ModelCache, fn: Callable[..., Any], n: int, value: Mapping[str, Any]
+        self, mc: ModelCache, fn: Callable[..., Any], n: int, entry: Entry
     ) -> tuple[Any, str]:
-        files = value.get("files")
-        if not isinstance(files, dict) or not files:
+        files = entry.files
+        if not files:
             return None, "the ahead-of-time entry lists no traced files"
         # Verified before any module it names is looked up: finding a module
         # imports its parent packages, so an entry that fails its checksum
         # never gets to make this process import anything.
-        data = mc.artifacts.load(value.get("handle"))
+        data = mc.artifacts.load(entry.handle)
         if data is None:
             self.backend.count("num_corrupt_artifacts")
             _log.warning("fxpiece: the ahead-of-time entry is missing or corrupt; tracing again")
@@ -302,7 +305,7 @@ class AotStart:
         except UntrustedCacheError:
             raise
         except Exception as e:  # an entry torch cannot load: trace again, never crash
-            self._quarantine(mc, n, value)
+            self._quarantine(mc, n, entry)
             _log.warning(
                 "fxpiece: loading the ahead-of-time entry failed (%s: %s); tracing again",
                 type(e).__name__,
@@ -323,15 +326,15 @@ class AotStart:
                 return f"{name} ({path or 'not found'})"
         return None
 
-    def _quarantine(self, mc: ModelCache, n: int, value: Mapping[str, Any]) -> None:
+    def _quarantine(self, mc: ModelCache, n: int, entry: Entry) -> None:
         """Move aside an entry that verified but does not load (torch cannot
         read it), with the index entries that point at it
         (:meth:`ModelCache.quarantine`), so the next capture can store its own."""
         self.backend.count("num_corrupt_artifacts")
-        if mc.readonly or mc.quarantine(value.get("handle")):
+        if mc.readonly or mc.quarantine(entry.handle):
             return
         try:  # nothing to move (no artifact handle): the entry still goes
-            mc.index.remove(aot_key(n))
+            mc.entries.remove(AotKey(n))
         except CacheError as e:
             _log.warning("fxpiece: could not drop the ahead-of-time entry: %s", e)
 
@@ -374,7 +377,7 @@ class AotStart:
         except CacheError as e:
             _log.warning("fxpiece: could not store the ahead-of-time entry: %s", e)
             return "aot-capture", ""
-        self._record(mc, n, {"digest": digest, "handle": handle, "files": files})
+        self._record(mc, n, Entry(digest, handle, files))
         self.backend.count("num_aot_saves")
         return "aot-capture", ""
 
@@ -394,14 +397,14 @@ class AotStart:
                 len(self._fns),
             )
         self._recorded_unsupported = True
-        self._record(mc, n, {"unsupported": reason})
+        self._record(mc, n, Unsupported(reason))
         return None, reason
 
-    def _record(self, mc: ModelCache, n: int, value: dict[str, Any]) -> None:
+    def _record(self, mc: ModelCache, n: int, value: Value) -> None:
         if mc.readonly:
             return
         try:
-            mc.index.insert(aot_key(n), value)
+            mc.entries.put(AotKey(n), value)
         except CacheError as e:
             _log.warning("fxpiece: could not record the ahead-of-time entry: %s", e)
 

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from fxpiece.cache.keys import IndexKey, artifact_digest, index_key
+from fxpiece.cache.entries import PieceKey
+from fxpiece.cache.keys import artifact_digest
 from fxpiece.cache.store import ArtifactStore
 from fxpiece.config import CompileConfig
 from fxpiece.piecewise.dispatch import TokenArg, concrete_inputs, find_token_arg
@@ -44,7 +45,7 @@ class Work:
     """Example inputs: symbolic for a range, concrete for an exact size."""
     ctx: CompileContext
     stats: PieceStats
-    key: IndexKey
+    key: PieceKey
     """Its key in the model's index."""
     exact_args: Callable[[], Sequence[Any]] | None = None
     """The symbolic example inputs as fakes of the build's own fake mode,
@@ -127,7 +128,7 @@ def plan_piece(
         ctx = CompileContext(
             store=store, digest=digest, inductor_config=inductor_options, post_grad_pass=pm
         )
-        key = index_key(entry.start, entry.end, it.index, compiler_name)
+        key = PieceKey(entry.start, entry.end, it.index, compiler_name)
         work.append(
             Work(it, entry, ex_args, ctx, stats, key, None if concrete else exact_args, full_graph)
         )

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from fxpiece.cache.entries import Entry
 from fxpiece.cache.lease import Lease
 from fxpiece.cache.model import ModelCache
 from fxpiece.cache.slots import CompileSlots, default_parallel_compiles
@@ -263,13 +264,13 @@ class Resolver:
             _log.warning("fxpiece: cannot re-read the index: %s", e)
         return self._load(w, mc)
 
-    def _entry_value(self, w: Work, mc: ModelCache) -> tuple[dict[str, Any] | None, bool]:
-        """``(value, shared)``: the index entry for ``w``, or one made from an
+    def _entry_value(self, w: Work, mc: ModelCache) -> tuple[Entry | None, bool]:
+        """``(entry, shared)``: the index entry for ``w``, or one made from an
         artifact another graph or model stored under the same digest
         (``shared``: it is recorded once it loads)."""
-        value = mc.index.get(w.key)
-        if isinstance(value, dict) and value.get("digest") == w.digest:
-            return value, False
+        entry = mc.entries.get(w.key)
+        if entry is not None and entry.digest == w.digest:
+            return entry, False
         # An artifact is bound to the digest it is stored under: a file moved
         # there from another digest's path is corrupt (moved aside).
         handle, corrupt = mc.artifacts.lookup(w.digest)
@@ -283,18 +284,18 @@ class Resolver:
                     w.entry,
                 )
             return None, False
-        return {"digest": w.digest, "handle": handle}, True
+        return Entry(w.digest, handle), True
 
     def _load(self, w: Work, mc: ModelCache) -> Callable[..., Any] | None:
         if self.kernels.pending(w.key, mc):
             self.kernels.restore(mc)  # stored by another process after this build began
-        value, shared = self._entry_value(w, mc)
-        if value is None:
+        entry, shared = self._entry_value(w, mc)
+        if entry is None:
             return None
         t0 = time.perf_counter()
         try:
             args = w.example_inputs() if self.compiler.load_uses_inputs else w.args
-            fn = self.compiler.load(value.get("handle"), w.item.graph, args, w.entry, w.ctx)
+            fn = self.compiler.load(entry.handle, w.item.graph, args, w.entry, w.ctx)
         except UntrustedCacheError:
             raise
         except Exception as e:  # pruned meanwhile, or unloadable: recompile, never crash
@@ -307,7 +308,7 @@ class Resolver:
             )
             # It verified but does not load: moved aside with the entries
             # that point at it, so the recompile stores its own.
-            mc.quarantine(value.get("handle"))
+            mc.quarantine(entry.handle)
             fn = None
         if fn is None:
             self.count("num_corrupt_artifacts")
@@ -321,7 +322,7 @@ class Resolver:
         w.stats.loaded += 1
         self.count("num_cache_hits")
         if shared:
-            self.record(w, mc, value)
+            self.record(w, mc, entry)
         return fn
 
     # -- recording -----------------------------------------------------------------
@@ -335,20 +336,20 @@ class Resolver:
         a warm start finds it through the index."""
         if mc is None or mc.readonly or self._built_for.get(w.digest) == mc.folder:
             return  # another layer of the same graph: it loads from the first
-        value = mc.index.get(w.key)
-        if isinstance(value, dict) and value.get("digest") == w.digest:
+        entry = mc.entries.get(w.key)
+        if entry is not None and entry.digest == w.digest:
             return
         handle = mc.artifacts.existing(w.digest)
         if handle is not None:  # None: it could not be stored (compiled in memory)
-            self.record(w, mc, {"digest": w.digest, "handle": handle})
+            self.record(w, mc, Entry(w.digest, handle))
 
-    def record(self, w: Work, mc: ModelCache, value: dict[str, Any]) -> None:
+    def record(self, w: Work, mc: ModelCache, entry: Entry) -> None:
         """Insert ``w``'s index entry (a failure is a warning: the piece
         still runs, a later start compiles it again)."""
         if mc.readonly:
             return
         try:
-            mc.index.insert(w.key, value)
+            mc.entries.put(w.key, entry)
             self.count("num_cache_entries_updated")
         except CacheError as e:
             _log.warning("fxpiece: could not record piece %d in the index: %s", w.item.index, e)
@@ -371,9 +372,11 @@ class Resolver:
         self.count("num_inductor_compiles" if self.compiler.is_inductor else "num_eager_compiles")
         if mc is not None and result.handle is not None:
             self.kernels.save_piece(mc, w.key)
-            if isinstance(result.handle, dict) and "artifact" in result.handle:
+            entry = Entry(w.digest, result.handle)
+            if entry.names_artifact:
                 self.count("num_compiled_artifacts_saved")
-            self.record(w, mc, {"digest": w.digest, "handle": result.handle})
+            self.record(w, mc, entry)
+            self.coordination.publish(mc, [w.key.kernels(), w.key])  # before the lease goes
         return result.fn
 
     def parallel_compiles(self) -> int:

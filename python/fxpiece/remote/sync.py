@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fxpiece.cache.admin.scan import artifact_rel, model_key, scan_cache
-from fxpiece.cache.keys import IndexKey
+from fxpiece.cache.admin.scan import model_key, scan_cache
+from fxpiece.cache.entries import Entry, RawKey, UnknownKey, decode_key, decode_value
 from fxpiece.cache.layout import KEY_DIR_LEN, CacheLayout
 from fxpiece.cache.model import ModelCache
 from fxpiece.cache.store import (
@@ -87,7 +87,7 @@ ENTRY_KIND = "index-entry"
 _SIG = "sig"
 
 
-def entry_field(key: IndexKey) -> str:
+def entry_field(key: RawKey) -> str:
     """The remote field of an index key.
 
     >>> entry_field((1, 8, 0, "inductor"))
@@ -96,7 +96,7 @@ def entry_field(key: IndexKey) -> str:
     return json.dumps(list(key), separators=(",", ":"))
 
 
-def parse_entry_field(text: str) -> IndexKey | None:
+def parse_entry_field(text: str) -> RawKey | None:
     """The index key a remote field names, or ``None`` if it names none.
 
     >>> parse_entry_field('[1,8,0,"inductor"]'), parse_entry_field('[1,"x"]')
@@ -236,12 +236,6 @@ class PullResult:
         }
 
 
-def _names_artifact(value: Any) -> bool:
-    """Whether an index entry's handle names an artifact (safe or not)."""
-    handle = value.get("handle") if isinstance(value, dict) else None
-    return isinstance(handle, dict) and "artifact" in handle
-
-
 # -- push -------------------------------------------------------------------------
 
 
@@ -318,17 +312,21 @@ def push_cache(
             continue
         models += 1
         for ikey, value in m.entries:
-            rel = artifact_rel(value)
-            if rel is None and _names_artifact(value):
-                push.skipped.append(f"{m.rel} {list(ikey)}: its handle points outside artifacts/")
-                continue
-            if rel is not None and not push.blob(rel):
-                push.skipped.append(f"{m.rel} {list(ikey)}: its artifact stayed behind")
-                continue
-            fname = entry_field(ikey)
-            if not isinstance(value, dict):
+            entry = decode_value(decode_key(ikey), value)
+            if entry is None:
                 push.skipped.append(f"{m.rel} {list(ikey)}: not an entry")
                 continue
+            if isinstance(entry, Entry) and entry.names_artifact:
+                rel = entry.artifact
+                if rel is None:
+                    push.skipped.append(
+                        f"{m.rel} {list(ikey)}: its handle points outside artifacts/"
+                    )
+                    continue
+                if not push.blob(rel):
+                    push.skipped.append(f"{m.rel} {list(ikey)}: its artifact stayed behind")
+                    continue
+            fname = entry_field(ikey)
             signed = sign_entry(signer, key, m.tag, fname, value)
             try:
                 stored = store.put_entry(m.tag, key, fname, encode_entry(signed), if_absent=True)
@@ -416,12 +414,12 @@ def _pull_model(
     label = f"{pull.store.url} {mc.folder.parent.name}/{mc.folder.name}"
     trusted = pull.artifacts.trusted_keys()
     mc.index.refresh()
-    batch: dict[IndexKey, Any] = {}
+    batch: dict[RawKey, Any] = {}
     present = 0
     for fname in sorted(entries):
         ikey = parse_entry_field(fname)
         value = decode_entry(entries[fname])
-        if ikey is None or value is None:
+        if ikey is None or value is None or isinstance(decode_key(ikey), UnknownKey):
             pull.refused.append(f"{label}: entry {fname[:80]!r} is malformed")
             continue
         if ikey in mc.index:
@@ -432,8 +430,12 @@ def _pull_model(
         except SignatureError as e:
             pull.refused.append(f"{label} {fname}: {e}")
             continue
-        if _names_artifact(value):
-            rel = artifact_rel(value)
+        typed = decode_value(decode_key(ikey), value)
+        if typed is None:
+            pull.refused.append(f"{label} {fname}: not an index entry")
+            continue
+        if isinstance(typed, Entry) and typed.names_artifact:
+            rel = typed.artifact
             if rel is None:
                 pull.refused.append(f"{label} {fname}: its handle points outside artifacts/")
                 continue

@@ -27,7 +27,7 @@ from fxpiece.cache.admin.scan import (
     model_key,
     scan_cache,
 )
-from fxpiece.cache.keys import AOT, IndexKey, is_kernels_key
+from fxpiece.cache.entries import AotKey, Entry, KernelsKey, RawKey, UnknownKey, decode_key
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.store import read_header
 
@@ -51,6 +51,10 @@ class EntryInfo:
     """Who the artifact's header says signed it (``ed25519:...``); ``None``:
     unsigned (before ``v3``), no artifact, or unreadable. Read from the
     header only, not verified: ``fxpiece cache verify`` checks signatures."""
+    kind: str = "piece"
+    """``piece``, ``kernels``, ``aot`` or ``unknown``
+    (:mod:`fxpiece.cache.entries`); start, end, piece and compiler are
+    shown in the schema-1 form."""
 
     @property
     def signer_short(self) -> str:
@@ -60,7 +64,7 @@ class EntryInfo:
     def range(self) -> str:
         """``[start,end]``; for an ahead-of-time entry, which captured graph
         it is (``#0``, ``#1``...)."""
-        if self.compiler == AOT:
+        if self.kind == AotKey.kind:
             return f"#{self.start}"
         return f"[{self.start},{self.end}]"
 
@@ -178,16 +182,19 @@ def _signer(root: Path, rel: str, seen: dict[str, str | None]) -> str | None:
     return seen[rel]
 
 
-def _entry(
-    key: IndexKey, value: Any, on_disk: ArtifactFile | None, signer: str | None
-) -> EntryInfo:
-    digest = value.get("digest") if isinstance(value, Mapping) else None
+def _entry(key: RawKey, value: Any, on_disk: ArtifactFile | None, signer: str | None) -> EntryInfo:
+    entry = Entry.from_raw(value)
+    start, end, piece, compiler = _shown(key)
     return EntryInfo(
-        *key,
-        digest=digest if isinstance(digest, str) else None,
+        start,
+        end,
+        piece,
+        compiler,
+        digest=entry.digest if entry is not None else None,
         artifact=artifact_rel(value),
         size=on_disk.size if on_disk else None,
         signer=signer,
+        kind=decode_key(key).kind,
     )
 
 
@@ -208,12 +215,25 @@ def _last_use(scan: Scan, m: ModelScan, used: Mapping[str, ArtifactFile]) -> flo
     return max(times) if times else _mtime(scan.layout.factors_file(m.folder))
 
 
+def _shown(key: RawKey) -> RawKey:
+    """How an entry's key is shown: in the schema-1 form (a key no schema
+    names: as stored)."""
+    typed = decode_key(key)
+    return key if isinstance(typed, UnknownKey) else typed.legacy_raw()
+
+
+def _shown_order(kv: tuple[RawKey, Any]) -> tuple[Any, ...]:
+    """Entries by piece, then range (as shown)."""
+    s, e, piece, compiler = _shown(kv[0])
+    return (piece, s, e, compiler, kv[0][3])
+
+
 def _model_info(scan: Scan, m: ModelScan, seen: dict[str, str | None]) -> ModelInfo:
     entries: list[EntryInfo] = []
     kernels: list[EntryInfo] = []
     used: dict[str, ArtifactFile] = {}
     missing: set[str] = set()
-    for key, value in sorted(m.entries, key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
+    for key, value in sorted(m.entries, key=_shown_order):
         rel = artifact_rel(value)
         on_disk = scan.artifacts.get(rel) if rel else None
         if rel and on_disk is None:
@@ -221,7 +241,7 @@ def _model_info(scan: Scan, m: ModelScan, seen: dict[str, str | None]) -> ModelI
         elif rel and on_disk is not None:
             used[rel] = on_disk
         signer = _signer(scan.layout.root, rel, seen) if rel and on_disk else None
-        if is_kernels_key(key):
+        if isinstance(decode_key(key), KernelsKey):
             kernels.append(_entry(key, value, on_disk, signer))
         else:
             entries.append(_entry(key, value, on_disk, signer))

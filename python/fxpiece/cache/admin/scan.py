@@ -21,14 +21,15 @@ import errno
 import os
 import stat
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fxpiece.cache.entries import Entry, RawKey, decode_key
 from fxpiece.cache.explain import read_factors
 from fxpiece.cache.index import CacheIndex, IndexProblem, verify_index
-from fxpiece.cache.keys import IndexKey, factors_key
+from fxpiece.cache.keys import factors_key
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.safeio import file_kind
 from fxpiece.cache.store import ARTIFACT_LIMIT, quarantine
@@ -97,13 +98,14 @@ class Ref:
     model: str
     """``models/<key>/<tag>``."""
     index_dir: Path
-    key: IndexKey
+    key: RawKey
+    """As stored (see :func:`~fxpiece.cache.entries.decode_key`)."""
     value: Any
     blake3: str | None
     size: int | None
 
     def label(self) -> str:
-        s, e, piece, compiler = self.key
+        s, e, piece, compiler = decode_key(self.key).legacy_raw()
         return f"{self.model} [{s},{e}] piece {piece} {compiler}"
 
 
@@ -114,7 +116,7 @@ class ModelScan:
     key_dir: str
     tag: str
     folder: Path
-    entries: list[tuple[IndexKey, Any]] = field(default_factory=list)
+    entries: list[tuple[RawKey, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     index_problems: tuple[IndexProblem, ...] = ()
 
@@ -323,14 +325,12 @@ def _scan_index(scan: Scan, m: ModelScan, repair: bool) -> None:
 def _artifact_of(value: Any) -> tuple[str | None, str | None, int | None] | None:
     """``(relpath, blake3, size)`` of an entry whose handle has an artifact;
     ``None`` if it has none; relpath ``None`` if the handle is unsafe."""
-    if not isinstance(value, Mapping):
+    entry = Entry.from_raw(value)
+    if entry is None or not entry.names_artifact:
         return None
-    handle = value.get("handle")
-    if not isinstance(handle, Mapping) or "artifact" not in handle:
-        return None
-    rel, b3, size = handle.get("artifact"), handle.get("blake3"), handle.get("size")
+    b3, size = entry.handle.get("blake3"), entry.handle.get("size")
     return (
-        rel if CacheLayout.is_artifact_rel(rel) else None,
+        entry.artifact,
         b3 if isinstance(b3, str) else None,
         size if isinstance(size, int) and not isinstance(size, bool) else None,
     )

@@ -35,8 +35,8 @@ from fxpiece.cache.admin.scan import (
     remove_entries,
     scan_cache,
 )
+from fxpiece.cache.entries import KernelsKey, decode_key
 from fxpiece.cache.index import CacheIndex
-from fxpiece.cache.keys import is_kernels_key
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.safeio import read_regular
 from fxpiece.cache.store import check_artifact_signer, decode_artifact, quarantine
@@ -276,7 +276,9 @@ def verify_cache(
             v.artifact(rel, (), why)
     for r in scan.bad_handles:
         v.bad_handle(r)
-    bundles = sum(all(is_kernels_key(r.key) for r in refs) for refs in scan.refs.values())
+    bundles = sum(
+        all(isinstance(decode_key(r.key), KernelsKey) for r in refs) for refs in scan.refs.values()
+    )
     return CacheVerifyReport(
         root=scan.root,
         repaired=repair,

@@ -4,9 +4,11 @@
 
 For blobs of 64 KiB, 4 MiB and 64 MiB: latency (p50, p90) and throughput of
 
-- remote put: :func:`~fxpiece.cache.store.encode_artifact` + ``RedisStore.put_blob``
+- remote put: :func:`~fxpiece.cache.store.encode_artifact` (signed, ``v3``) +
+  ``RedisStore.put_blob``
 - remote get: ``RedisStore.get_blob`` + :func:`~fxpiece.cache.store.decode_artifact`
-  (header, length, checksum, digest binding: what a puller checks)
+  (header, length, checksum, digest binding, signature by a trusted key:
+  what a puller checks)
 - local put:  ``ArtifactStore.put`` (temp file + fsync + link + folder fsync)
 - local read: ``ArtifactStore.read`` (read once, verified)
 
@@ -40,6 +42,7 @@ from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.store import ArtifactStore, decode_artifact, encode_artifact
 from fxpiece.cache.trust import ensure_private_dir
 from fxpiece.remote import RedisStore, RemoteConfig
+from fxpiece.signing import BuilderKey, KeyRing, TrustedKeys, new_key
 
 SIZES = ((64 << 10, "64 KiB"), (4 << 20, "4 MiB"), (64 << 20, "64 MiB"))
 
@@ -110,19 +113,21 @@ def fmt_ms(s: float) -> str:
 
 
 def bench_size(
-    store: RedisStore, local: ArtifactStore, size: int, reps: int
+    store: RedisStore, local: ArtifactStore, key: BuilderKey, size: int, reps: int
 ) -> list[tuple[str, float, float, float]]:
     payload = os.urandom(size)
+    trusted = TrustedKeys(frozenset([key.public]))
     tag = secrets.token_hex(4)
     digests = [f"{tag}{i:056x}" for i in range(reps)]
 
     def remote_put(i: int) -> None:
-        assert store.put_blob(digests[i], encode_artifact(payload, digests[i]))
+        assert store.put_blob(digests[i], encode_artifact(payload, digests[i], key=key))
 
     def remote_get(i: int) -> None:
         data = store.get_blob(digests[i])
         assert data is not None
-        assert decode_artifact(data, "bench", digests[i]).payload == payload
+        art = decode_artifact(data, "bench", digests[i], trusted=trusted, unsigned_ok=False)
+        assert art.payload == payload
 
     def local_put(i: int) -> None:
         local.put(digests[i], payload)
@@ -149,7 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp, contextlib.ExitStack() as st:
         url = a.url or st.enter_context(private_server(Path(tmp)))
         store = st.enter_context(RedisStore(url, cfg))
-        local = ArtifactStore(CacheLayout(ensure_private_dir(Path(tmp) / "cache")))
+        # A throwaway builder key (never the user's): blobs are signed like
+        # the backend's, and the local store signs with it too.
+        key = new_key(Path(tmp) / "keys" / "key")
+        local = ArtifactStore(
+            CacheLayout(ensure_private_dir(Path(tmp) / "cache")),
+            keys=KeyRing(key, TrustedKeys(frozenset([key.public]))),
+        )
         print(
             f"fxpiece {fxpiece.__version__} bench_remote: {store.url}, local store in {tmp}; "
             f"{platform.machine()}, {os.cpu_count()} cpu(s), python {platform.python_version()}"
@@ -157,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         print("remote = encode + put_blob / get_blob + verify; local = ArtifactStore.put / read")
         for size, label in SIZES:
             reps = reps_for(size, a.quick)
-            rows = bench_size(store, local, size, reps)
+            rows = bench_size(store, local, key, size, reps)
             print(f"\n{label} blobs, {reps} each")
             print(f"  {'':<11}{'p50':>12}{'p90':>12}{'MiB/s':>10}")
             for name, p50, p90, mibs in rows:

@@ -637,6 +637,7 @@ _SAMPLES: dict[str, Any] = {
     "lock_timeout": 1.0,
     "lease_ttl": 1.0,
     "max_parallel_compiles": 2,
+    "remote_cache": "redis://cache.local:6379/0",
     "static_graph_wrapper": lambda fn, i, e: fn,
     "dynamic": "backed",
     "aot": False,
@@ -660,6 +661,7 @@ _ENV_BEFORE = {
     "FXPIECE_COMPILE_SIZES": "compile_sizes",
     "FXPIECE_COMPILE_RANGES_ENDPOINTS": "compile_ranges_endpoints",
     "FXPIECE_MAX_NUM_TOKENS": "max_num_tokens",
+    "FXPIECE_REMOTE_CACHE": "remote_cache",  # added since (the remote tier)
 }
 
 
@@ -757,6 +759,7 @@ def test_every_variable_sets_its_field(tmp_path: Path) -> None:
         "FXPIECE_COMPILE_SIZES": "2",
         "FXPIECE_COMPILE_RANGES_ENDPOINTS": "16",
         "FXPIECE_MAX_NUM_TOKENS": "64",
+        "FXPIECE_REMOTE_CACHE": "redis://cache.local:6379/2",
     }
     assert set(env) == set(env_variables())
     base = CompileConfig()
@@ -767,6 +770,30 @@ def test_every_variable_sets_its_field(tmp_path: Path) -> None:
         assert all(getattr(cfg, f) == getattr(base, f) for f in others), var
     cfg = CompileConfig.from_env(env)
     assert cfg.max_parallel_compiles == 3 and cfg.dynamic == "unbacked" and cfg.aot is False
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://cache:6379/0", "the scheme must be one of redis, rediss, unix"),
+        ("redis://", "names no host"),
+        ("redis://cache/zero", "the path must be a database number"),
+        ("redis://cache:port/0", "is not a valid URL"),
+        ("unix://", "names no socket path"),
+    ],
+)
+def test_remote_cache_is_validated(url: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=f"^remote_cache: .*{problem}") as e:
+        CompileConfig(remote_cache=url)
+    assert "secret" not in str(e.value)
+    with pytest.raises(ConfigError, match="FXPIECE_REMOTE_CACHE"):
+        CompileConfig.from_env({"FXPIECE_REMOTE_CACHE": url})
+
+
+def test_remote_cache_error_never_shows_the_password() -> None:
+    with pytest.raises(ConfigError) as e:
+        CompileConfig(remote_cache="redis://user:secret@cache/zero")
+    assert "secret" not in str(e.value) and "cache/zero" in str(e.value)
 
 
 @pytest.mark.parametrize("mode", DYNAMIC_MODES)

@@ -405,6 +405,16 @@ class CompileConfig:
     the job (a per-host counting semaphore of slot files, see
     :mod:`fxpiece.cache.slots`); ``None``: the cores this process may use
     divided by Inductor's compile threads, at least 1. Not part of the key."""
+    remote_cache: str | None = option(
+        None,
+        key=NotKeyed("where a second tier of the cache is, not what it holds"),
+        env=EnvVar("FXPIECE_REMOTE_CACHE", _parse_text),
+    )
+    """A remote cache tier shared by hosts (``redis://host:6379/0``,
+    ``rediss://``, ``unix:///path?db=0``; needs ``fxpiece[remote]``): pieces,
+    kernel bundles and ahead-of-time entries are pulled on a local miss and
+    pushed once built, signed, and compiled once per fleet (a lease on the
+    server); see :mod:`fxpiece.piecewise.remote_tier`. ``None``: local only."""
     static_graph_wrapper: Callable[..., Any] | None = option(
         None, key=NotKeyed("wraps a loaded piece at run time; what is stored is unwrapped")
     )
@@ -535,6 +545,10 @@ class CompileConfig:
             raise ConfigError(
                 "max_parallel_compiles", f"must be None (automatic) or an int >= 1, got {n!r}"
             )
+        if self.remote_cache is not None:
+            from fxpiece.remote.redis_store import check_url
+
+            check_url(self.remote_cache)
         if self.dynamic not in DYNAMIC_MODES:
             raise ConfigError(
                 "dynamic", f"must be one of {', '.join(DYNAMIC_MODES)}, got {self.dynamic!r}"

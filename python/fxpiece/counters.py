@@ -34,6 +34,10 @@ COUNTER_NAMES = (
     "num_aot_saves",
     "num_aot_loads",
     "num_aot_fallbacks",
+    "num_remote_hits",
+    "num_remote_pushes",
+    "num_untrusted_remote",
+    "num_remote_errors",
 )
 
 

@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from fxpiece import _native
 from fxpiece.cache.layout import CacheLayout
@@ -58,6 +58,7 @@ __all__ = [
     "Lease",
     "LeaseInfo",
     "LeaseWatch",
+    "Releasable",
     "WaitOutcome",
     "acquire_or_wait",
     "namespace_id",
@@ -335,12 +336,19 @@ class Lease:
         self.release()
 
 
+class Releasable(Protocol):
+    """A held lease of any kind (a :class:`Lease` file, a lease on a remote
+    store): released once the work it guards is done."""
+
+    def release(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class WaitOutcome(Generic[T]):
     """What :func:`acquire_or_wait` ended with: the lease (compile now), the
     holder's ``result``, or neither (timed out: compile without a lease)."""
 
-    lease: Lease | None
+    lease: Releasable | None
     result: T | None
     waited_s: float
 

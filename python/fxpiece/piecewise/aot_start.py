@@ -407,6 +407,8 @@ class AotStart:
             mc.entries.put(AotKey(n), value)
         except CacheError as e:
             _log.warning("fxpiece: could not record the ahead-of-time entry: %s", e)
+            return
+        self.backend.coordination.publish(mc, [AotKey(n)])
 
     def _log_unsupported(self, reason: str, *, recorded: bool) -> None:
         _log.warning(

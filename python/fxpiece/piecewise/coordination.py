@@ -5,9 +5,12 @@ A strategy says where a host's compile slots are, how a compile lease on a
 digest is taken (without waiting, or waiting for its holder's result), and
 what to do once the work is planned, before anything is loaded or compiled
 (:class:`~fxpiece.distributed.Collectives` exchanges artifacts between the
-ranks of a job there). :class:`SharedFolder`, the default, keeps leases and
-slots in the cache root, for processes on one host or on hosts that share
-the root's file system.
+ranks of a job there), where to look when the local index lacks entries
+(:meth:`Coordination.fetch`) and what to do with entries just built
+(:meth:`Coordination.publish`): :class:`~fxpiece.piecewise.remote_tier.RemoteTier`
+pulls and pushes them through a remote store. :class:`SharedFolder`, the
+default, keeps leases and slots in the cache root, for processes on one host
+or on hosts that share the root's file system.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fxpiece.cache.lease import Lease, WaitOutcome, acquire_or_wait, this_host
+from fxpiece.cache.entries import IndexKey
+from fxpiece.cache.lease import Lease, Releasable, WaitOutcome, acquire_or_wait, this_host
 from fxpiece.cache.model import ModelCache
 from fxpiece.piecewise.plan import Work
 
@@ -39,7 +43,7 @@ class Coordination(Protocol):
         ``base`` checked before anything is created); ``None``: unbounded."""
         ...
 
-    def try_lease(self, mc: ModelCache, digest: str, ttl: float) -> Lease | None:
+    def try_lease(self, mc: ModelCache, digest: str, ttl: float) -> Releasable | None:
         """The compile lease on ``digest`` if it is free (or stale), without
         waiting; ``None`` when another process holds it. ``OSError``: no
         lease can be taken here."""
@@ -61,6 +65,17 @@ class Coordination(Protocol):
     def before(self, resolver: Resolver, work: Sequence[Work], mc: ModelCache | None) -> None:
         """Run once per graph after planning, before any entry is loaded or
         compiled (may compile with ``resolver.compile`` and store entries)."""
+        ...
+
+    def fetch(self, mc: ModelCache, keys: Sequence[IndexKey]) -> bool:
+        """``mc``'s index here lacks ``keys``: bring what the processes this
+        cache is shared with elsewhere have of the model into it (verified).
+        Whether anything was stored."""
+        ...
+
+    def publish(self, mc: ModelCache, keys: Sequence[IndexKey]) -> None:
+        """The entries at ``keys`` (and what they point at) were just built
+        and recorded in ``mc``: share them where :meth:`fetch` looks."""
         ...
 
 
@@ -99,3 +114,10 @@ class SharedFolder:
 
     def before(self, resolver: Resolver, work: Sequence[Work], mc: ModelCache | None) -> None:
         """Nothing: processes find each other's work through the folder."""
+
+    def fetch(self, mc: ModelCache, keys: Sequence[IndexKey]) -> bool:
+        """Nothing: the folder is all there is."""
+        return False
+
+    def publish(self, mc: ModelCache, keys: Sequence[IndexKey]) -> None:
+        """Nothing: the entries are in the folder already."""

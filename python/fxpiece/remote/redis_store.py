@@ -41,7 +41,7 @@ from fxpiece.remote.base import (
 if TYPE_CHECKING:
     import redis
 
-__all__ = ["SCHEMES", "RedisStore", "redact_url"]
+__all__ = ["SCHEMES", "RedisStore", "check_url", "redact_url"]
 
 SCHEMES = ("redis", "rediss", "unix")
 """URL schemes :class:`RedisStore` opens (``redis://host:port/db``,
@@ -99,7 +99,15 @@ def redact_url(url: str) -> str:
     return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
-def _check_url(url: str) -> None:
+def check_url(url: str) -> None:
+    """Refuse (:class:`~fxpiece.errors.ConfigError` on ``remote_cache``) a URL
+    :class:`RedisStore` cannot open, naming the problem (without the password).
+
+    >>> check_url("http://cache:6379")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fxpiece.errors.ConfigError: remote_cache: http://cache:6379: the scheme must be one of ...
+    """
     if not isinstance(url, str) or "\x00" in url:
         raise ConfigError("remote_cache", f"must be a URL, got {url!r}")
     try:
@@ -146,7 +154,7 @@ class RedisStore:
     """
 
     def __init__(self, url: str, config: RemoteConfig | None = None) -> None:
-        _check_url(url)
+        check_url(url)
         self.config = config if config is not None else RemoteConfig()
         self._url = redact_url(url)
         mod = _import_redis()

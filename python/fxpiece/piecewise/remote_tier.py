@@ -1,0 +1,474 @@
+"""The remote cache tier in the compile path: a
+:class:`~fxpiece.piecewise.coordination.Coordination` that wraps the local
+one (:class:`~fxpiece.piecewise.coordination.SharedFolder` by default) and
+shares a fleet's compiles through a :class:`~fxpiece.remote.RemoteStore`
+(``CompileConfig.remote_cache``, e.g. ``redis://host:6379/0``).
+
+The local root stays the first tier; the store is the second, by the same
+digests and index keys as ``fxpiece cache push/pull``
+(:mod:`fxpiece.remote.sync`):
+
+- **pull on a local miss.** Before a graph's pieces are loaded (and before
+  an ahead-of-time start reads its launch folder), when the local index
+  lacks any of them, the model's remote index entries are read in one
+  request; each must carry a trusted ``index-entry`` signature, name its
+  artifact by its digest's path, and its artifact's blob must decode with a
+  trusted signature (:func:`~fxpiece.cache.store.decode_artifact`,
+  ``unsigned_ok=False``). What passes is stored in the local root (keeping
+  its signer) and loads like a local entry; anything unsigned, untrusted,
+  revoked, malformed or corrupt is refused (``num_untrusted_remote``, one
+  warning) and compiled here.
+- **push once built.** A compiled piece's artifact, its kernel bundle and
+  their index entries (signed by this builder), the model's kernel bundle
+  and ahead-of-time entries are pushed as soon as they are recorded, before
+  the compile lease is released.
+- **one compile per fleet.** The compile lease of a digest is taken on the
+  store (after the local one, so one process per host asks), with an expiry,
+  renewed while compiling; a process that finds it taken polls the store for
+  the result and loads it. Compile slots stay per host (the local strategy's).
+- **the store failing** (down, slow, full: bounded by
+  :class:`~fxpiece.remote.RemoteConfig`'s timeouts) is one warning and
+  ``num_remote_errors``; from then on this backend uses the local strategy
+  alone (a full store only stops the pushes). Never a hang, never a wrong
+  answer: nothing from the store is used unverified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fxpiece.cache.entries import (
+    MODEL_KERNELS,
+    Entry,
+    IndexKey,
+    UnknownKey,
+    Unsupported,
+    Value,
+    decode_key,
+    decode_value,
+)
+from fxpiece.cache.layout import CacheLayout
+from fxpiece.cache.lease import Releasable, WaitOutcome
+from fxpiece.cache.model import ModelCache
+from fxpiece.cache.store import ARTIFACT_KIND, artifact_message, decode_artifact, encode_artifact
+from fxpiece.errors import (
+    BlobTooLargeError,
+    CacheError,
+    CorruptArtifactError,
+    RemoteUnavailableError,
+    SignatureError,
+)
+from fxpiece.piecewise.coordination import Coordination
+from fxpiece.piecewise.plan import Work
+from fxpiece.remote.base import Lease as RemoteLease
+from fxpiece.remote.base import RemoteStore, check_model
+from fxpiece.remote.sync import (
+    decode_entry,
+    encode_entry,
+    entry_field,
+    parse_entry_field,
+    sign_entry,
+    verify_entry,
+)
+
+if TYPE_CHECKING:
+    from fxpiece.piecewise.resolver import Resolver
+
+__all__ = ["RemoteTier"]
+
+_log = logging.getLogger("fxpiece")
+
+_POLL_MIN = 0.05
+_POLL_MAX = 0.5
+"""Seconds between two looks at the store while another host compiles."""
+
+
+def _no_count(name: str) -> None:
+    """The default counter: counts nothing."""
+
+
+class _Held:
+    """A local lease plus the store's lease on the same digest, renewed by a
+    daemon thread until :meth:`release` (which releases both)."""
+
+    def __init__(self, tier: RemoteTier, local: Releasable, lease: RemoteLease) -> None:
+        self._tier = tier
+        self._local = local
+        self._lease = lease
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._heartbeat, name=f"fxpiece-remote-{lease.name[:24]}", daemon=True
+        )
+        self._thread.start()
+
+    def _heartbeat(self) -> None:
+        period = max(0.05, self._lease.ttl / 3)
+        while not self._stop.wait(period):
+            try:
+                if not self._tier.store.renew_lease(self._lease):
+                    return  # expired (and maybe taken): the worst is a second compile
+            except RemoteUnavailableError as e:
+                self._tier.unavailable(e)
+                return
+
+    def release(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        try:
+            if not self._tier.down:
+                self._tier.store.release_lease(self._lease)
+        except RemoteUnavailableError as e:
+            self._tier.unavailable(e)
+        finally:
+            self._local.release()
+
+
+class RemoteTier:
+    """``local`` coordination plus a remote ``store`` (see the module's
+    docs). ``count`` adds to the backend's counters."""
+
+    def __init__(
+        self,
+        local: Coordination,
+        store: RemoteStore,
+        *,
+        count: Callable[[str], None] = _no_count,
+    ) -> None:
+        self.local = local
+        self.store = store
+        self.aot_unsupported: str | None = local.aot_unsupported
+        self._count = count
+        self._lock = threading.Lock()
+        self._down: str | None = None
+        """Why the store is not used any more (``None``: it is)."""
+        self._no_writes: str | None = None
+        """Why nothing is pushed any more (the store is full)."""
+        self._warned_refused = False
+        self._pushed: set[str] = set()
+        """Digests of the blobs on the store (pushed or pulled here)."""
+
+    # -- the store failing ----------------------------------------------------
+    @property
+    def down(self) -> bool:
+        return self._down is not None
+
+    def unavailable(self, e: RemoteUnavailableError) -> None:
+        """The store failed: warn once, count, and use the local strategy
+        alone from now on (a full store: stop pushing only)."""
+        why = e.strerror or str(e)
+        with self._lock:
+            if e.errno == errno.ENOSPC:
+                first = self._no_writes is None and self._down is None
+                self._no_writes = why
+            else:
+                first = self._down is None and self._no_writes is None
+                self._down = why
+        self._count("num_remote_errors")
+        if first:
+            _log.warning(
+                "fxpiece: %s; %s",
+                why,
+                "nothing more is pushed to it"
+                if e.errno == errno.ENOSPC
+                else "using the local cache only from now on (compiling what it lacks)",
+            )
+
+    def _refused(self, what: str) -> None:
+        """Something from the store that no trusted key signed, or that fails
+        its check: counted, warned once, never used."""
+        self._count("num_untrusted_remote")
+        with self._lock:
+            first, self._warned_refused = not self._warned_refused, True
+        if first:
+            _log.warning(
+                "fxpiece: refused from the remote cache %s: %s; compiling it here "
+                "(further refusals are counted in num_untrusted_remote)",
+                self.store.url,
+                what,
+            )
+
+    @staticmethod
+    def _model(mc: ModelCache) -> tuple[str, str] | None:
+        """``(model tag, key)`` of ``mc`` as the store names it, if it can."""
+        tag = mc.folder.name
+        try:
+            check_model(tag, mc.key)
+        except ValueError:
+            return None
+        return tag, mc.key
+
+    # -- Coordination -----------------------------------------------------------
+    def slot_folder(self, mc: ModelCache | None) -> tuple[Path, Path] | None:
+        return self.local.slot_folder(mc)
+
+    def try_lease(self, mc: ModelCache, digest: str, ttl: float) -> Releasable | None:
+        lease = self.local.try_lease(mc, digest, ttl)
+        if lease is None or self.down:
+            return lease
+        try:
+            held = self.store.acquire_lease(_lease_name(digest), ttl)
+        except RemoteUnavailableError as e:
+            self.unavailable(e)
+            return lease
+        if held is None:  # another host compiles it: the second pass waits for it
+            lease.release()
+            return None
+        # Finished elsewhere between our miss and our lease: the resolver's
+        # next look at the local cache finds it.
+        self._pull_artifact(mc, digest)
+        return _Held(self, lease, held)
+
+    def lease_or_wait(
+        self,
+        mc: ModelCache,
+        digest: str,
+        *,
+        ttl: float,
+        timeout: float,
+        poll: Callable[[], Callable[..., Any] | None],
+    ) -> WaitOutcome[Callable[..., Any]]:
+        t0 = time.monotonic()
+        outcome = self.local.lease_or_wait(mc, digest, ttl=ttl, timeout=timeout, poll=poll)
+        if outcome.lease is None or self.down:
+            return outcome
+        local = outcome.lease
+        delay = _POLL_MIN
+        while True:
+            try:
+                held = self.store.acquire_lease(_lease_name(digest), ttl)
+            except RemoteUnavailableError as e:
+                self.unavailable(e)
+                return outcome  # the local lease: compile here
+            waited = time.monotonic() - t0
+            if held is not None:
+                self._pull_artifact(mc, digest)  # finished meanwhile: polled next
+                return WaitOutcome(_Held(self, local, held), None, waited)
+            result = poll() if self._pull_result(mc, digest) else None
+            if result is not None:
+                local.release()
+                return WaitOutcome(None, result, time.monotonic() - t0)
+            if self.down:  # failed while waiting: compile here
+                return WaitOutcome(local, None, waited)
+            if waited >= timeout:
+                local.release()
+                return WaitOutcome(None, None, waited)
+            time.sleep(min(delay, max(0.0, timeout - waited)))
+            delay = min(delay * 2, _POLL_MAX)
+
+    def before(self, resolver: Resolver, work: Sequence[Work], mc: ModelCache | None) -> None:
+        """Pull the model's entries when the local index lacks any of
+        ``work`` (and unpack the kernel bundles pulled), then the local
+        strategy's step."""
+        if mc is not None:
+            missing = [w.key for w in work if not _has(mc, w)]
+            if missing and self.fetch(mc, missing):
+                resolver.kernels.restore(mc)
+        self.local.before(resolver, work, mc)
+
+    def fetch(self, mc: ModelCache, keys: Sequence[IndexKey]) -> bool:
+        """Pull the model's remote entries the local index lacks (one
+        request), each verified, with their artifacts (see the module's
+        docs). Whether anything was stored."""
+        return bool(keys) and self._fetch_model(mc)
+
+    def _fetch_model(self, mc: ModelCache) -> bool:
+        if mc.readonly or self.down:
+            return False
+        model = self._model(mc)
+        if model is None:
+            return False
+        tag, key = model
+        try:
+            raw = self.store.entries(tag, key)
+        except BlobTooLargeError as e:
+            self._refused(e.strerror or str(e))
+            return False
+        except RemoteUnavailableError as e:
+            self.unavailable(e)
+            return False
+        got = self._verified_entries(mc, tag, key, raw)
+        if not got:
+            return False
+        try:
+            mc.entries.put_many(got)
+        except CacheError as e:
+            _log.warning("fxpiece: could not record entries pulled from the remote cache: %s", e)
+            return False
+        return True
+
+    def publish(self, mc: ModelCache, keys: Sequence[IndexKey]) -> None:
+        """Push the entries at ``keys`` (recorded here just now), each after
+        its artifact, signed by this builder."""
+        if mc.readonly or self.down or self._no_writes is not None:
+            return
+        model = self._model(mc)
+        if model is None:
+            return
+        tag, key = model
+        try:
+            signer = mc.artifacts.signer()
+        except CacheError as e:
+            _log.warning("fxpiece: nothing pushed to the remote cache: %s", e)
+            return
+        for k in keys:
+            value = mc.entries.value(k)
+            if value is None:
+                continue
+            if isinstance(value, Entry):
+                if value.artifact != _artifact_rel(value.digest):
+                    continue  # a handle no other host could load
+                if not self._push_blob(mc, value.digest):
+                    continue
+            signed = sign_entry(signer, key, tag, entry_field(k.to_raw()), value.to_raw())
+            try:
+                self.store.put_entry(
+                    tag,
+                    key,
+                    entry_field(k.to_raw()),
+                    encode_entry(signed),
+                    if_absent=k != MODEL_KERNELS,  # the model's bundle: the latest stays
+                )
+            except BlobTooLargeError as e:
+                _log.warning("fxpiece: not pushed to the remote cache: %s", e.strerror)
+            except RemoteUnavailableError as e:
+                self.unavailable(e)
+                return
+
+    # -- pulling -----------------------------------------------------------------
+    def _verified_entries(
+        self, mc: ModelCache, tag: str, key: str, raw: dict[str, bytes]
+    ) -> list[tuple[IndexKey, Value]]:
+        """The remote entries the local index lacks that a trusted key signed
+        for this model, with their artifacts stored here."""
+        trusted = mc.artifacts.trusted_keys()
+        out: list[tuple[IndexKey, Value]] = []
+        for fname in sorted(raw):
+            rk = parse_entry_field(fname)
+            ik = None if rk is None else decode_key(rk)
+            if ik is None or isinstance(ik, UnknownKey):
+                continue  # another schema's entry: not ours to read
+            if mc.entries.value(ik) is not None:
+                continue  # the local tier wins
+            signed = decode_entry(raw[fname])
+            if signed is None:
+                self._refused(f"entry {fname[:80]} of {tag} is malformed")
+                continue
+            try:
+                plain = verify_entry(trusted, key, tag, fname, signed)
+            except SignatureError as e:
+                self._refused(f"entry {fname[:80]} of {tag}: {e}")
+                continue
+            value = decode_value(ik, plain)
+            if isinstance(value, Unsupported):
+                out.append((ik, value))
+                continue
+            if value is None or value.artifact != _artifact_rel(value.digest):
+                self._refused(f"entry {fname[:80]} of {tag} does not name its digest's artifact")
+                continue
+            handle = self._pull_artifact(mc, value.digest)
+            if handle is not None:
+                out.append((ik, Entry(value.digest, handle, value.files)))
+        return out
+
+    def _pull_artifact(self, mc: ModelCache, digest: str) -> dict[str, Any] | None:
+        """The local handle of ``digest``'s artifact, pulled from the store
+        and stored here if missing and it passes every check; else ``None``."""
+        have = mc.artifacts.existing(digest)
+        if have is not None or self.down or mc.readonly:
+            return have
+        where = f"{self.store.url} blob {digest[:16]}.."
+        try:
+            data = self.store.get_blob(digest)
+        except BlobTooLargeError as e:
+            self._refused(e.strerror or str(e))
+            return None
+        except RemoteUnavailableError as e:
+            self.unavailable(e)
+            return None
+        except ValueError:
+            return None  # not a digest the store can name
+        if data is None:
+            return None
+        try:
+            art = decode_artifact(
+                data, where, digest, trusted=mc.artifacts.trusted_keys(), unsigned_ok=False
+            )
+            del data
+            if art.digest is None:
+                raise CorruptArtifactError(errno.EINVAL, f"{where}: not bound to its digest")
+            handle = mc.artifacts.put(digest, art.payload, signature=art.signature)
+        except CorruptArtifactError as e:
+            self._refused(e.strerror or str(e))
+            return None
+        except CacheError as e:
+            _log.warning("fxpiece: could not store an artifact pulled from %s: %s", where, e)
+            return None
+        self._pushed.add(digest)
+        self._count("num_remote_hits")
+        return handle
+
+    def _pull_result(self, mc: ModelCache, digest: str) -> bool:
+        """Whether another host's compile of ``digest`` is on the store now;
+        if so, pull it (its entries first: the kernel bundle is among them)."""
+        try:
+            if not self.store.has_blob(digest):
+                return False
+        except RemoteUnavailableError as e:
+            self.unavailable(e)
+            return False
+        except ValueError:
+            return False
+        self._fetch_model(mc)
+        return self._pull_artifact(mc, digest) is not None
+
+    # -- pushing -----------------------------------------------------------------
+    def _push_blob(self, mc: ModelCache, digest: str) -> bool:
+        """Put ``digest``'s artifact on the store in its signed file form
+        unless it is there; whether the store has it."""
+        if digest in self._pushed:
+            return True
+        art = mc.artifacts.get(digest)
+        if art is None:
+            return False
+        signature = art.signature
+        if signature is None:  # pre-v3, from this private root: vouched for by this builder
+            message = artifact_message(digest, art.checksum, len(art.payload))
+            signature = mc.artifacts.signer().sign_digest(ARTIFACT_KIND, message)
+        try:
+            if self.store.put_blob(
+                digest, encode_artifact(art.payload, digest, signature=signature)
+            ):
+                self._count("num_remote_pushes")
+        except BlobTooLargeError as e:
+            _log.warning("fxpiece: not pushed to the remote cache: %s", e.strerror)
+            return False
+        except RemoteUnavailableError as e:
+            self.unavailable(e)
+            return False
+        self._pushed.add(digest)
+        return True
+
+    def close(self) -> None:
+        """Drop the store's connections."""
+        with contextlib.suppress(RemoteUnavailableError):
+            self.store.close()
+
+
+def _lease_name(digest: str) -> str:
+    return f"compile:{digest}"
+
+
+def _artifact_rel(digest: str) -> str:
+    return CacheLayout.artifact_rel(digest)
+
+
+def _has(mc: ModelCache, w: Work) -> bool:
+    entry = mc.entries.get(w.key)
+    return entry is not None and entry.digest == w.digest

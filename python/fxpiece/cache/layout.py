@@ -5,7 +5,7 @@
     <root>/                               created 0700
       artifacts/<2 hex>/<digest>          compiled pieces, content-addressed, write-once
       models/<key[:32]>/<model_tag>/
-        index/                            CacheIndex: (start, end, piece, compiler) -> handle
+        index/                            CacheIndex: typed keys -> {digest, handle} (entries.py)
         cache_key_factors.json            the factors behind <key>
         computation_graph.py              the split graph, readable
       locks/<digest>.lease                single-flight compile leases

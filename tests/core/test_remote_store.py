@@ -410,9 +410,12 @@ def test_pull_refuses_what_fails_its_check(store: RedisStore, tmp_path: Path) ->
         store.put_entry("m", KEY, field, json.dumps(signed).encode())
     store.put_entry("m", KEY, "[1,2]", b"{}")
     store.put_entry("m", KEY, entry_field((1, 8, 3, "inductor")), b"not json")
-    evil = {"handle": {"artifact": "../outside", "blake3": "0"}}
+    evil = {"digest": digest(14), "handle": {"artifact": "../outside", "blake3": "0"}}
     f4 = entry_field((1, 8, 4, "inductor"))
     store.put_entry("m", KEY, f4, json.dumps(sign_entry(key, KEY, "m", f4, evil)).encode())
+    no_digest = {"handle": {"artifact": CacheLayout.artifact_rel(good), "blake3": "0"}}
+    f7 = entry_field((1, 8, 7, "inductor"))
+    store.put_entry("m", KEY, f7, json.dumps(sign_entry(key, KEY, "m", f7, no_digest)).encode())
     unsigned = {"digest": good, "handle": {"artifact": CacheLayout.artifact_rel(good)}}
     store.put_entry("m", KEY, entry_field((1, 8, 6, "inductor")), json.dumps(unsigned).encode())
 
@@ -423,6 +426,7 @@ def test_pull_refuses_what_fails_its_check(store: RedisStore, tmp_path: Path) ->
     assert "written for" in text  # the digest binding
     assert "no fxpiece artifact header" in text
     assert "malformed" in text and "outside artifacts/" in text
+    assert '[1,8,7,"inductor"]: not an index entry' in text  # signed, but no digest
     assert "unsigned (written before v3" in text  # the v2 blob
     assert "unsigned index entry" in text
     lay = CacheLayout(tmp_path / "root")

@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from fxpiece import _native
+from fxpiece.cache.entries import handle_artifact
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.safeio import open_regular, read_exact
 from fxpiece.cache.trust import check_stat, check_trusted, ensure_private_dir
@@ -603,9 +604,10 @@ class ArtifactStore:
         The payload is the buffer it was read into and checked in (no copy:
         a large kernel bundle costs its own size once); :meth:`load` gives
         ``bytes``."""
-        if not isinstance(handle, dict) or not self.layout.is_artifact_rel(handle.get("artifact")):
+        rel = handle_artifact(handle)
+        if rel is None:
             return None
-        digest = self.layout.digest_of_artifact(handle["artifact"])
+        digest = self.layout.digest_of_artifact(rel)
         have = self._read(digest)
         if not isinstance(have, Artifact):
             return None

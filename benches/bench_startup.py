@@ -17,17 +17,32 @@ hidden 1024, BF16):
   7-token prompt, 4 new tokens; three Dynamo graphs, all captured ahead of
   time): the first ``generate`` cold and warm (median of ``--starts``
   processes) vs stock ``torch.compile`` (target: warm <= 0.6x), and a
-  second ``generate`` (steady state).
+  second ``generate`` (steady state);
+- ``--only peers`` (or ``peers-large``): the warm start of fxpiece against
+  every warm path torch itself offers (issue 25): stock ``torch.compile``
+  with warm caches, ``torch.compiler.precompile``, ``aot_compile`` +
+  ``load_compiled_function``, ``standalone_compile`` +
+  ``CompiledArtifact.load``, AOTInductor (``aoti_load_package``), Mega-Cache
+  (``load_cache_artifacts`` before ``torch.compile``) and eager (the floor),
+  each a fresh process (benches/startup_peers.py), with Inductor's folder
+  warm and with it empty; ``compile()``/load + first output and the whole
+  process to the first output, as ratios to fxpiece's (median of
+  ``--starts``, default 3; peers interleaved).
 
-    python benches/bench_startup.py [--only toy|large|hf] [--reps 100] [--starts 5]
+    python benches/bench_startup.py [--only toy|large|hf|peers|peers-large] [--reps 100]
+        [--starts 5] [--peers fxpiece,aoti,eager] [--folders warm,empty]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -185,6 +200,176 @@ def bench_hf(starts: int) -> None:
     )
 
 
+# -- Peers: fxpiece's warm start against torch's own warm paths (issue 25) --
+
+PEERS_WORKER = Path(__file__).resolve().parent / "startup_peers.py"
+PEER_LABELS = {
+    "fxpiece": "fxpiece AOT start",
+    "fxpiece-noaot": "fxpiece aot=False (Dynamo traces)",
+    "stock": "stock torch.compile, warm caches",
+    "megacache": "Mega-Cache (load_cache_artifacts)",
+    "precompile": "torch.compiler.precompile load",
+    "aot_compile": "aot_compile + load_compiled_function",
+    "standalone": "standalone_compile + CompiledArtifact.load",
+    "aoti": "AOTInductor (aoti_load_package)",
+    "eager-op": "eager, attention via the custom op",
+    "eager": "eager (the floor)",
+}
+# The cold step that prepares each peer's artifact (fxpiece-noaot uses
+# fxpiece's cache root; the eager ones have none).
+PEER_COLD = {"fxpiece-noaot": "fxpiece", "eager": None, "eager-op": None}
+BF16_TOL = 0.05
+
+
+def peer_start(
+    peer: str, phase: str, work: Path, inductor_dir: Path, layers: int, hidden: int
+) -> dict[str, Any]:
+    """One fresh process of benches/startup_peers.py; its JSON line, or
+    ``{"skip": reason}`` when it failed (its stderr is kept in a log)."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(inductor_dir))
+    cmd = [sys.executable, str(PEERS_WORKER), peer, phase, "--work", str(work)]
+    cmd += ["--layers", str(layers), "--hidden", str(hidden)]
+    logs = work / "logs"
+    logs.mkdir(exist_ok=True)
+    log = logs / f"{peer}-{phase}-{len(list(logs.iterdir()))}.log"
+    with open(log, "w") as err:
+        # The child measures from here: time.monotonic() is one clock for
+        # every process of the host.
+        env["FXPIECE_BENCH_T0"] = repr(time.monotonic())
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        return {"peer": peer, "skip": f"worker exit {proc.returncode}; see {log}"}
+    res: dict[str, Any] = json.loads(lines[-1])
+    if "skip" in res:
+        res["skip"] += f" (log: {log})"
+    return res
+
+
+def _out_ok(r: dict[str, Any]) -> bool:
+    return bool(r["max_abs_diff"] <= BF16_TOL * max(1.0, r["scale"]))
+
+
+def bench_peers(name: str, layers: int, hidden: int, a: argparse.Namespace) -> None:
+    starts = a.starts or 3
+    peers = [p for p in PEER_LABELS if a.peers is None or p in a.peers]
+    work = Path(tempfile.mkdtemp(prefix=f"fxpiece-bench-peers-{name}-"))
+    print(
+        f"\n== peers, {name}: Llama {layers} layers, hidden {hidden}, bfloat16, 24 tokens; "
+        f"fresh processes; work folder {work}",
+        flush=True,
+    )
+    warm_dir = {p: work / "inductor" / p for p in peers}
+    skipped: dict[str, str] = {}
+    wrong: list[str] = []
+    print("cold / prepare step (once per peer, Inductor's folder empty; not a warm start):")
+    for p in peers:
+        src = PEER_COLD.get(p, p)
+        if src is None:
+            continue
+        if src != p:
+            if src in skipped:
+                skipped[p] = skipped[src]
+            print(f"  {PEER_LABELS[p]:<44} uses {src}'s cold step")
+            continue
+        warm_dir[p].mkdir(parents=True, exist_ok=True)
+        r = peer_start(p, "cold", work, warm_dir[p], layers, hidden)
+        if "skip" in r:
+            skipped[p] = r["skip"]
+            print(f"  {PEER_LABELS[p]:<44} SKIP: {r['skip']}")
+            continue
+        if not _out_ok(r):
+            wrong.append(f"{p} cold: max |out - eager| {r['max_abs_diff']:.3g}")
+        print(
+            f"  {PEER_LABELS[p]:<44} compile()/prepare + first output "
+            f"{r['setup_s'] + r['first_call_s']:7.2f} s, whole process {r['process_s']:7.2f} s, "
+            f"max |out - eager| {r['max_abs_diff']:.3g}",
+            flush=True,
+        )
+    folders = [f for f in ("warm", "empty") if f in a.folders]
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for i in range(starts):
+        for folder in folders:
+            for p in peers:
+                if p in skipped:
+                    continue
+                if folder == "warm":
+                    ind = warm_dir[p]
+                    ind.mkdir(parents=True, exist_ok=True)
+                else:  # a fresh empty folder for each start
+                    ind = work / "inductor-empty" / f"{p}-{i}"
+                    ind.mkdir(parents=True)
+                r = peer_start(p, "warm", work, ind, layers, hidden)
+                if folder == "empty":
+                    shutil.rmtree(ind, ignore_errors=True)
+                if "skip" in r:
+                    skipped[p] = r["skip"]
+                    continue
+                runs.setdefault((p, folder), []).append(r)
+        print(f"  round {i + 1}/{starts} done", flush=True)
+    for p, why in skipped.items():
+        print(f"SKIP {PEER_LABELS[p]}: {why}")
+    for folder in folders:
+        med: dict[str, dict[str, float]] = {}
+        for p in peers:
+            rs = runs.get((p, folder))
+            if p in skipped or not rs:
+                continue
+            med[p] = {k: median(r[k] for r in rs) for k in ("setup_s", "first_call_s", "process_s")}
+            med[p]["both"] = median(r["setup_s"] + r["first_call_s"] for r in rs)
+            med[p]["diff"] = max(r["max_abs_diff"] for r in rs)
+            wrong += [
+                f"{p} warm ({folder} folder): max |out - eager| {r['max_abs_diff']:.3g}"
+                for r in rs
+                if not _out_ok(r)
+            ]
+            if p == "eager" and any(r["dynamo_imported"] or r["fxpiece_imported"] for r in rs):
+                wrong.append("eager (the floor) imported torch._dynamo or fxpiece")
+            if p.startswith("fxpiece"):
+                med[p]["compiles"] = max(r["inductor_compiles"] for r in rs)
+        print(
+            f"\nwarm start, Inductor's folder {folder.upper()}"
+            + (" (a fresh empty one for each start)" if folder == "empty" else "")
+            + f": median of {starts} fresh processes each"
+        )
+        fx = med.get("fxpiece")
+        print(
+            f"  {'peer':<44} {'compile()/load':>14} {'first call':>10} "
+            f"{'both':>7} {'vs fxpiece':>10} {'whole process':>13} {'vs fxpiece':>10} "
+            f"{'max|diff|':>9}"
+        )
+        for p, m in med.items():
+            vs = f"{m['both'] / fx['both']:.2f}x" if fx else "-"
+            vs_p = f"{m['process_s'] / fx['process_s']:.2f}x" if fx else "-"
+            print(
+                f"  {PEER_LABELS[p]:<44} {m['setup_s']:12.2f} s {m['first_call_s']:8.2f} s "
+                f"{m['both']:5.2f} s {vs:>10} {m['process_s']:11.2f} s {vs_p:>10} "
+                f"{m['diff']:9.3g}"
+            )
+        if fx:
+            extra = [f"fxpiece Inductor compiles on a warm start: {fx['compiles']:.0f}"]
+            if "fxpiece-noaot" in med:
+                extra.append(f"aot=False: {med['fxpiece-noaot']['compiles']:.0f}")
+            print("  " + "; ".join(extra))
+        aoti, eager = med.get("aoti"), med.get("eager")
+        if fx and aoti:
+            q = fx["both"] / aoti["both"]
+            print(
+                f"  target: fxpiece compile() + first output <= AOTInductor's: "
+                f"{fx['both']:.2f} vs {aoti['both']:.2f} s -> {q:.2f}x {verdict(q <= 1.0)}"
+            )
+        if fx and eager:
+            q = fx["process_s"] / eager["process_s"]
+            print(
+                f"  target: fxpiece whole warm process <= 1.15x eager's: "
+                f"{fx['process_s']:.2f} vs {eager['process_s']:.2f} s -> {q:.2f}x "
+                f"{verdict(q <= 1.15)}"
+            )
+    if wrong:
+        raise SystemExit("PEER OUTPUTS WRONG (vs eager, BF16 tolerance):\n  " + "\n  ".join(wrong))
+    print(f"outputs: every peer equals eager within BF16 tolerance ({BF16_TOL} x max |out|)")
+
+
 def _medians(runs: list[dict[str, Any]]) -> dict[str, float]:
     keys = ("seconds", "setup_seconds", "process_s", "steady_seconds")
     return {k: median(r[k] for r in runs) for k in keys}
@@ -192,17 +377,40 @@ def _medians(runs: list[dict[str, Any]]) -> dict[str, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--only", choices=[*sorted(MODELS), "hf"])
+    p.add_argument(
+        "--only",
+        choices=[*sorted(MODELS), "hf", "peers", "peers-large"],
+        help="one section (default: toy, large, hf, then peers on the toy)",
+    )
     p.add_argument("--reps", type=int, default=100, help="timed calls per size and mode")
     p.add_argument(
-        "--starts", type=int, default=5, help="warm processes per mode for the startup medians"
+        "--starts",
+        type=int,
+        help="warm processes per mode for the startup medians (default 5; peers: 3)",
+    )
+    p.add_argument(
+        "--peers",
+        type=lambda s: s.split(","),
+        help=f"peers section: only these (of {','.join(PEER_LABELS)})",
+    )
+    p.add_argument(
+        "--folders",
+        type=lambda s: s.split(","),
+        default=["warm", "empty"],
+        help="peers section: Inductor's folder warm, empty or both (default warm,empty)",
     )
     a = p.parse_args()
+    starts = a.starts
+    a.starts = starts or 5
     for name, spec in MODELS.items():
         if a.only in (None, name):
             bench_model(name, spec["layers"], spec["hidden"], a)
     if a.only in (None, "hf"):
         bench_hf(a.starts)
+    a.starts = starts
+    for name, section in (("toy", "peers"), ("large", "peers-large")):
+        if a.only == section or (a.only is None and section == "peers"):
+            bench_peers(name, MODELS[name]["layers"], MODELS[name]["hidden"], a)
 
 
 if __name__ == "__main__":

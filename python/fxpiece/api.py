@@ -40,10 +40,11 @@ class CompiledModel:
         self.backend = backend
         self.dynamic_arg_dims = dynamic_arg_dims
         self.varying_dims = varying_dims
-        # torch.compile reads Inductor's folder (its bisector can swap the
-        # backend): the backend's private one, never the global default.
-        with backend.inductor_dirs.active():
-            self._compiled = torch.compile(model, backend=backend, fullgraph=False)
+        self._compiled: Callable[..., Any] | None = None
+        """``torch.compile(model)``, made when a call first needs Dynamo (an
+        ahead-of-time start that serves every call never does: it skips
+        the imports of Dynamo's debugging wrappers, Inductor's code cache
+        among them)."""
         self._aot: AotStart | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
@@ -144,6 +145,14 @@ class CompiledModel:
             return out
         return self._call(args, kwargs)
 
+    def _dynamo(self) -> Callable[..., Any]:
+        if self._compiled is None:
+            # torch.compile reads Inductor's folder (its bisector can swap
+            # the backend): the backend's private one, never the global default.
+            with self.backend.inductor_dirs.active():
+                self._compiled = torch.compile(self.model, backend=self.backend, fullgraph=False)
+        return self._compiled
+
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             with _torch_compat.token_dims_context(self.backend.config.dynamic):
@@ -164,7 +173,7 @@ class CompiledModel:
                             return out
                 self._aot.fallback()
                 self._mark(args, kwargs)
-                return self._compiled(*args, **kwargs)
+                return self._dynamo()(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as e:
             # Surface our own typed errors (CacheError, ConfigError, ...) as
             # themselves rather than wrapped by Dynamo.

@@ -9,7 +9,8 @@ dir), ``out`` (outputs saved there), ``config`` (more CompileConfig kwargs),
 is fake-run, and whether each graph handed to Inductor carries every node's
 recorded value (the whole graph, not the light one a warm start loads).
 Reports the start's path and reason, the non-zero counters, whether the
-outputs match eager, the log messages and the probes.
+outputs match eager, the log messages, the probes, and which of the
+modules a compile needs (:data:`COMPILE_MODULES`) the start imported.
 """
 
 from __future__ import annotations
@@ -26,6 +27,17 @@ import fxpiece.piecewise.compilers as compilers
 import fxpiece.piecewise.plan as plan
 from fxpiece.toy_llama import ATTENTION_OP
 from programs.report import keep_logs, report
+
+COMPILE_MODULES = (
+    "torch._inductor.compile_fx",
+    "torch._inductor.codecache",
+    "torch._inductor.select_algorithm",
+    "torch._inductor.async_compile",
+    "torch._inductor.lowering",
+    "torch._functorch._aot_autograd.autograd_cache",
+)
+"""Inductor's compiler, code caches and AOTAutograd's cache: what loading
+a piece the usual way imports, and a direct load does not."""
 
 
 def install_probes() -> dict[str, Any]:
@@ -80,6 +92,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         ),
         "logs": logs,
         "probe": probe,
+        "imported": [m for m in COMPILE_MODULES if m in sys.modules],
     }
 
 

@@ -81,10 +81,6 @@ class Backend:
         self.progress = progress
         """Called after each (piece, entry) is compiled, loaded or reused."""
         self.compiler: CompilerInterface = make_compiler(self.config.compiler)
-        if self.compiler.is_inductor:
-            # What torch.compile(backend="inductor") imports when it is
-            # called, before the model's first call.
-            _torch_compat.prepare_inductor()
         self.stats = BackendStats()
         self._splitting = resolve_splitting_ops(self.config.splitting_ops)
         self._inductor_options = dict(self.config.inductor_config)
@@ -355,6 +351,7 @@ class Backend:
         for plan, got in zip(plans, resolved, strict=True):
             runner = self._runner(plan, got)
             gstats.runners.append(runner)
+                inductor=self.inductor_dirs,
             gstats.pieces[plan.item.index].token_arg = (
                 None if plan.token_arg is None else str(plan.token_arg)
             )

@@ -125,7 +125,9 @@ class GraphCacheOpener:
         factors = saved_key_factors(prior, cfg) if isinstance(prior, dict) else None
         if factors is None:
             # The key's ISA probe compiles test programs in Inductor's folder.
-            with self._inductor_dirs().active():
+            dirs = self._inductor_dirs()
+            with dirs.active():
+                dirs.patch()
                 factors = make_key_factors(cfg, self._compiler_hash(), gm, fake_args, traced)
         if saved is not None:
             saved["factors"] = factors.as_dict()

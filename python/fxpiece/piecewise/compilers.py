@@ -13,6 +13,7 @@ import torch.fx
 from fxpiece.context import compiling_range
 from fxpiece.errors import CacheError
 from fxpiece.piecewise import _torch_compat
+from fxpiece.piecewise._torch_compat import direct
 from fxpiece.piecewise.interface import CompileContext, CompileResult, CompilerInterface
 from fxpiece.ranges import Range
 
@@ -95,6 +96,7 @@ class InductorStandaloneCompiler(CompilerInterface):
 
     name = "inductor"
     load_uses_inputs = False
+    load_prepares_inductor = True
 
     def __init__(self, direct_call: bool = True) -> None:
         self.direct_call = direct_call
@@ -118,8 +120,17 @@ class InductorStandaloneCompiler(CompilerInterface):
             art = _torch_compat.compile_standalone(
                 graph, example_inputs, dynamic=dynamic, options={}
             )
-        handle = None
         data = _torch_compat.standalone_bytes(art)
+        returns_tuple = graph_returns_tuple(graph)
+        fn: Callable[..., Any] | None = None
+        record: direct.DirectRecord | None = None
+        if data is not None and self.direct_call:
+            # Run what a warm start runs: the same load, the same call path.
+            try:
+                fn, record = self._reload(data, returns_tuple, ctx)
+            except Exception as e:
+                _log.warning("fxpiece: reloading a compiled piece failed (%s); using it as is", e)
+        handle = None
         if data is None and ctx.store is not None:
             _log.warning(
                 "fxpiece: Inductor's result for %s cannot be saved (not serialisable); "
@@ -128,17 +139,35 @@ class InductorStandaloneCompiler(CompilerInterface):
             )
         elif data is not None and ctx.store is not None:
             try:
-                handle = ctx.store.put(ctx.digest, data)
+                handle = ctx.store.put(ctx.digest, direct.pack(record, data))
             except CacheError as e:  # ENOSPC, EROFS, EACCES, path occupied
                 _log.warning("fxpiece: could not store a compiled piece: %s", e)
-        returns_tuple = graph_returns_tuple(graph)
-        if data is not None and self.direct_call:
-            # Run what a warm start runs: the same load, the same call path.
-            try:
-                return CompileResult(self._callable(data, returns_tuple), handle)
-            except Exception as e:
-                _log.warning("fxpiece: reloading a compiled piece failed (%s); using it as is", e)
-        return CompileResult(unpacking(art, returns_tuple), handle)
+        return CompileResult(fn if fn is not None else unpacking(art, returns_tuple), handle)
+
+    def _reload(
+        self, data: bytes, returns_tuple: bool, ctx: CompileContext
+    ) -> tuple[Callable[..., Any], direct.DirectRecord | None]:
+        """Load a piece just compiled from its bytes, and capture its direct
+        form where it applies (see :mod:`~fxpiece.piecewise._torch_compat.direct`):
+        the callable a warm start gets, and the record to store with it."""
+        loaded = _torch_compat.load_standalone_bytes(data, returns_tuple)
+        if loaded.direct is None:
+            return loaded.wrapped, None
+        if ctx.inductor is None or loaded.compiled_graph is None:
+            return loaded.direct, None
+        try:
+            record = direct.capture(loaded.compiled_graph, ctx.inductor.cache)
+            return self._run_direct(record, returns_tuple, ctx.inductor.cache, ctx.digest), record
+        except direct.DirectUnsupported as e:
+            _log.debug("fxpiece: piece %s has no direct form: %s", ctx.digest[:16], e)
+            return loaded.direct, None
+
+    @staticmethod
+    def _run_direct(
+        record: direct.DirectRecord, returns_tuple: bool, inductor_dir: str, digest: str
+    ) -> Callable[..., Any]:
+        scope = direct.run(record, inductor_dir, f"fxpiece_piece_{digest[:16]}")
+        return _torch_compat.grad_off_call(scope["call"], returns_tuple)
 
     def _callable(self, data: bytes, returns_tuple: bool) -> Callable[..., Any]:
         loaded = _torch_compat.load_standalone_bytes(data, returns_tuple)
@@ -159,7 +188,24 @@ class InductorStandaloneCompiler(CompilerInterface):
         data = ctx.store.load(handle)
         if data is None:
             return None
-        return self._callable(data, graph_returns_tuple(graph))
+        returns_tuple = graph_returns_tuple(graph)
+        try:
+            raw, standalone = direct.unpack(data)
+        except direct.DirectUnsupported as e:
+            _log.warning("fxpiece: piece %s: %s", ctx.digest[:16], e)
+            return None  # counted corrupt and recompiled
+        if raw is not None and self.direct_call and ctx.inductor is not None:
+            # The wrapper and its kernels, without Inductor's loaders; else
+            # (a kernel missing from the bundle, a wrapper that needs more)
+            # the usual load, which rebuilds what is missing.
+            try:
+                record = direct.DirectRecord.from_bytes(raw)
+                return self._run_direct(record, returns_tuple, ctx.inductor.cache, ctx.digest)
+            except direct.DirectUnsupported as e:
+                _log.warning("fxpiece: piece %s loads the usual way: %s", ctx.digest[:16], e)
+        if ctx.inductor is not None:
+            ctx.inductor.prepare()
+        return self._callable(bytes(standalone), returns_tuple)
 
 
 class InductorFxCacheCompiler(InductorStandaloneCompiler):
@@ -169,6 +215,7 @@ class InductorFxCacheCompiler(InductorStandaloneCompiler):
     name = "inductor-fx-cache"
     inductor_cache_subdirs = ("fxgraph",)
     load_uses_inputs = True
+    load_prepares_inductor = False
 
     def compile(
         self,

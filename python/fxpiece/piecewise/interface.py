@@ -20,7 +20,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fxpiece.ranges import Range
 
@@ -29,7 +29,19 @@ if TYPE_CHECKING:
 
     from fxpiece.cache.store import ArtifactStore
 
-__all__ = ["CompileContext", "CompileResult", "CompilerInterface"]
+__all__ = ["CompileContext", "CompileResult", "CompilerInterface", "InductorFolder"]
+
+
+class InductorFolder(Protocol):
+    """Inductor's folders for a backend, active while it compiles or loads
+    (:class:`fxpiece.piecewise._torch_compat.InductorDirs`)."""
+
+    cache: str
+    """Inductor's cache folder (``TORCHINDUCTOR_CACHE_DIR`` in the block)."""
+
+    def prepare(self) -> None:
+        """Call before Inductor compiles or loads through its own caches."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +55,9 @@ class CompileContext:
     inductor_config: Mapping[str, Any] = field(default_factory=dict)
     post_grad_pass: Any = None
     """The pass manager to install as Inductor's post-grad custom pass, if any."""
+    inductor: InductorFolder | None = None
+    """Inductor's folders while this compiles or loads (the backend's
+    private ones; kernel bundles are restored in ``inductor.cache``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +82,10 @@ class CompilerInterface(ABC):
     on the graph's nodes); ``False`` lets a warm start skip making fake
     inputs of the backend's own fake mode, and load an ahead-of-time
     entry's light graph (recorded values only at piece boundaries)."""
+    load_prepares_inductor: bool = False
+    """Whether :meth:`load` calls ``ctx.inductor.prepare()`` itself before
+    it uses Inductor's caches (``False``: the backend calls it before every
+    load; it always does before :meth:`compile`)."""
 
     def compute_hash(self) -> str:
         """A hash of everything about this compiler that changes its output

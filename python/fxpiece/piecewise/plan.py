@@ -17,7 +17,7 @@ from fxpiece.cache.store import ArtifactStore
 from fxpiece.config import CompileConfig
 from fxpiece.piecewise.dispatch import TokenArg, concrete_inputs, find_token_arg
 from fxpiece.piecewise.factors import input_meta, piece_signature
-from fxpiece.piecewise.interface import CompileContext
+from fxpiece.piecewise.interface import CompileContext, InductorFolder
 from fxpiece.piecewise.layouts import conform_fakes
 from fxpiece.piecewise.passes import PassManager
 from fxpiece.piecewise.split import SplitItem
@@ -96,6 +96,7 @@ def plan_piece(
     sym: Any,
     exact_args: Callable[[], Sequence[Any]] | None = None,
     full_graph: Callable[[], torch.fx.GraphModule] | None = None,
+    inductor: InductorFolder | None = None,
 ) -> PiecePlan:
     """Every entry of piece ``it`` with its example inputs and digest.
     ``sym`` is the token count's symbol; a piece that does not see it is
@@ -126,7 +127,11 @@ def plan_piece(
             compiler=compiler_name,
         )
         ctx = CompileContext(
-            store=store, digest=digest, inductor_config=inductor_options, post_grad_pass=pm
+            store=store,
+            digest=digest,
+            inductor_config=inductor_options,
+            post_grad_pass=pm,
+            inductor=inductor,
         )
         key = PieceKey(entry.start, entry.end, it.index, compiler_name)
         work.append(

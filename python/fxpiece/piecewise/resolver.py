@@ -295,6 +295,8 @@ class Resolver:
         t0 = time.perf_counter()
         try:
             args = w.example_inputs() if self.compiler.load_uses_inputs else w.args
+            if w.ctx.inductor is not None and not self.compiler.load_prepares_inductor:
+                w.ctx.inductor.prepare()
             fn = self.compiler.load(entry.handle, w.item.graph, args, w.entry, w.ctx)
         except UntrustedCacheError:
             raise
@@ -365,6 +367,8 @@ class Resolver:
         with self._compile_slot(w, mc):
             t0 = time.perf_counter()
             wall0 = time.time()
+            if w.ctx.inductor is not None:
+                w.ctx.inductor.prepare()  # Inductor's compiler: imported once something compiles
             result = self.compiler.compile(w.graph(), w.example_inputs(), w.entry, w.ctx)
             w.stats.compile_intervals.append((wall0, time.time()))
         w.stats.compile_s += time.perf_counter() - t0

@@ -11,6 +11,9 @@ import contextlib
 import copy
 import functools
 import os
+import shlex
+import subprocess
+import sys
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -22,6 +25,7 @@ import torch.fx
 from fxpiece.cache.safeio import read_regular
 from fxpiece.piecewise._torch_compat.loading import (
     LoadedArtifact,
+    grad_off_call,
     load_standalone_bytes,
     unpacking,
 )
@@ -39,6 +43,7 @@ __all__ = [
     "force_disable_caches",
     "freezing_enabled",
     "global_inductor_paths",
+    "grad_off_call",
     "graph_partition_supported",
     "inductor_compile_threads",
     "inductor_config_patch",
@@ -102,6 +107,31 @@ def cpu_vec_isa() -> dict[str, Any]:
 
 
 def cpp_compiler() -> str:
+    """The C++ compiler Inductor compiles with
+    (``torch._inductor.cpp_builder.get_cpp_compiler``). On Linux, found as
+    Inductor finds it (the first of ``config.cpp.cxx`` that answers
+    ``--version``) without importing its code cache, which a warm start
+    does not otherwise need; elsewhere, and for a conda-installed g++,
+    Inductor's own search."""
+    from torch._inductor import config as cfg
+
+    cxx = cfg.cpp.cxx
+    search = tuple(cxx) if isinstance(cxx, list | tuple) else (cxx,)
+    plain = (
+        sys.platform == "linux"
+        and not cfg.is_fbcode()  # type: ignore[attr-defined]
+        and getattr(cfg.aot_inductor, "cross_target_platform", None) != "windows"
+        and not (None in search and os.environ.get("TORCH_INDUCTOR_INSTALL_GXX"))
+    )
+    if plain:
+        for name in search:
+            if not isinstance(name, str) or not shlex.split(name):
+                continue
+            try:
+                subprocess.check_output([*shlex.split(name), "--version"])
+                return name
+            except (OSError, subprocess.SubprocessError):
+                continue
     try:
         from torch._inductor.cpp_builder import get_cpp_compiler
 
@@ -225,20 +255,60 @@ class InductorDirs:
     every folder it keeps outside it (:func:`global_inductor_paths`: the
     precompiled C++ headers, ``headers``), applied for a block by
     :meth:`active`. Inductor reads ``TORCHINDUCTOR_CACHE_DIR`` on every use;
-    the header folder is a module constant, patched for the block, and
-    ``_precompile_header`` (which memoises the header's path process-wide) is
-    replaced for the block by this object's own memo, so a path in another
-    folder (Inductor's global one, from a compile outside fxpiece) is never
-    reused, and a compile outside fxpiece never gets ours."""
+    the header folder is a module constant of Inductor's code cache, patched
+    for the block, and ``_precompile_header`` (which memoises the header's
+    path process-wide) is replaced for the block by this object's own memo,
+    so a path in another folder (Inductor's global one, from a compile
+    outside fxpiece) is never reused, and a compile outside fxpiece never
+    gets ours.
+
+    The code cache is patched when the block starts if it is imported, else
+    by :meth:`prepare`, which runs before anything compiles or loads through
+    Inductor's caches: a warm start whose pieces all load directly never
+    imports Inductor's compiler."""
 
     def __init__(self, cache: str, headers: str) -> None:
         self.cache = cache
         self.headers = headers
         self._precompile: Any = None
         """Inductor's `_precompile_header`, memoised for this object's folders."""
+        self._block: contextlib.ExitStack | None = None
+        """The active block's undo steps (``None``: not active)."""
+        self._patched = False
+        """Whether the code cache is patched for the active block."""
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
+        if self._block is not None:  # nested in an active block: already applied
+            yield
+            return
+        with contextlib.ExitStack() as block:
+            block.enter_context(_environ("TORCHINDUCTOR_CACHE_DIR", self.cache))
+            self._block = block
+            try:
+                if "torch._inductor.codecache" in sys.modules:
+                    self._patch_code_cache(block)
+                yield
+            finally:
+                self._block = None
+
+    def patch(self) -> None:
+        """Inside :meth:`active`, before anything uses Inductor's code cache
+        (a compile, a load through its caches, the ISA probe): the cache
+        imported and patched for the block."""
+        if self._block is None:
+            raise RuntimeError("InductorDirs.patch() outside an active() block")
+        if not self._patched:
+            self._patch_code_cache(self._block)
+
+    def prepare(self) -> None:
+        """Before Inductor compiles or loads through its caches, inside
+        :meth:`active`: :meth:`patch`, and Inductor's compiler imported
+        (:func:`prepare_inductor`)."""
+        self.patch()
+        prepare_inductor()
+
+    def _patch_code_cache(self, block: contextlib.ExitStack) -> None:
         from torch._inductor import codecache
 
         if self._precompile is None:
@@ -247,13 +317,15 @@ class InductorDirs:
         codecache._HEADER_DIR = self.headers
         codecache._HEADER_LOCK_DIR = os.path.join(self.headers, "locks")
         codecache._precompile_header = self._precompile
-        try:
-            with _environ("TORCHINDUCTOR_CACHE_DIR", self.cache):
-                yield
-        finally:
+        self._patched = True
+
+        def undo() -> None:
             (codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR, codecache._precompile_header) = (
                 saved
             )
+            self._patched = False
+
+        block.callback(undo)
 
 
 @contextlib.contextmanager
@@ -335,11 +407,13 @@ def _static_tracing() -> Iterator[None]:
 
 
 def prepare_inductor() -> None:
-    """Import Inductor's compiler now, as ``torch.compile(backend="inductor")``
-    does when it is called, so the first compile or load does not pay for
-    it (about 1 s here); and start hashing torch's sources (``torch_key``,
-    which every load checks an artifact against: 0.23 s here) in torch's
-    background thread, where the release offers it."""
+    """Import Inductor's compiler (about 1 s here), as
+    ``torch.compile(backend="inductor")`` does when it is called, and start
+    hashing torch's sources (``torch_key``, which every usual load checks an
+    artifact against: 0.23 s here) in torch's background thread, where the
+    release offers it. Once per process."""
+    if "torch._inductor.compile_fx" in sys.modules:
+        return
     import torch._inductor.compile_fx  # noqa: F401
     from torch._inductor.codecache import torch_key
 

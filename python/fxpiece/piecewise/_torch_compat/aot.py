@@ -22,6 +22,7 @@ import functools
 import importlib.util
 import inspect
 import io
+import logging
 import pickle
 import sys
 import types
@@ -158,10 +159,12 @@ class Piecewise(_Base):
                 "(it needs the backend to load the pieces from the cache)"
             )
         state = pickle.loads(data)
-        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        shape_env = ShapeEnv()
+        fake_mode = FakeTensorMode(shape_env=shape_env)
         light = state.get("graph_light")
-        gm = _load_graph(light if light is not None else state["graph"], fake_mode)
-        inputs = GraphPickler.loads(state["inputs"], fake_mode)
+        with _unlogged_assumptions(shape_env):
+            gm = _load_graph(light if light is not None else state["graph"], fake_mode)
+            inputs = GraphPickler.loads(state["inputs"], fake_mode)
         if not isinstance(inputs, list):
             raise RuntimeError("an ahead-of-time entry holds no graph inputs")
         full: FullGraph | None = None
@@ -170,6 +173,26 @@ class Piecewise(_Base):
         with _as_in_dynamo(fake_mode):
             fn = rebuild(gm, inputs, state, full)
         return cls(fn, state)
+
+
+@contextlib.contextmanager
+def _unlogged_assumptions(shape_env: Any) -> Iterator[None]:
+    """While fakes with symbolic sizes are unpickled into ``shape_env``, its
+    symbols have no values yet, and each size check falls back to an
+    assumption that the shape env logs at INFO with a summary of the user's
+    stack, whose first use imports ``torch.export`` and, with it,
+    AOTAutograd and Inductor's code cache (about 0.5 s). Unless that log is
+    on, this shape env (ours alone) skips the message for the block."""
+    from torch.fx.experimental import symbolic_shapes
+
+    if symbolic_shapes.log.isEnabledFor(logging.INFO):
+        yield
+        return
+    shape_env._log_suppressed_dde = lambda *args: None
+    try:
+        yield
+    finally:
+        del shape_env._log_suppressed_dde
 
 
 def _load_graph(data: bytes, fake_mode: Any) -> torch.fx.GraphModule:

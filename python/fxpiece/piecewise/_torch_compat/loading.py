@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["LoadedArtifact", "load_standalone_bytes", "unpacking"]
+__all__ = ["LoadedArtifact", "grad_off_call", "load_standalone_bytes", "unpacking"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,9 @@ class LoadedArtifact:
     wrapped: Callable[..., Any]
     direct: Callable[..., Any] | None
     why_not_direct: str | None = None
+    compiled_graph: Any = None
+    """Inductor's ``CompiledFxGraph`` whose ``call`` ``direct`` runs (when
+    ``direct`` is set)."""
 
 
 def load_standalone_bytes(data: bytes, returns_tuple: bool = True) -> LoadedArtifact:
@@ -116,8 +119,8 @@ def _load_in_memory(parsed: tuple[str, bytes], returns_tuple: bool) -> LoadedArt
     call = getattr(graph, "current_callable", None)
     if why is None and call is None:
         why = "Inductor's compiled graph has no callable"
-    direct = None if why is not None or call is None else _direct(call, returns_tuple)
-    return LoadedArtifact(unpacking(boxed, returns_tuple), direct, why)
+    direct = None if why is not None or call is None else grad_off_call(call, returns_tuple)
+    return LoadedArtifact(unpacking(boxed, returns_tuple), direct, why, graph if direct else None)
 
 
 def _why_not_direct(entry: Any) -> str | None:
@@ -184,7 +187,7 @@ def unpacking(fn: Callable[..., Any], returns_tuple: bool) -> Callable[..., Any]
     return call_single
 
 
-def _direct(call: Callable[[list[Any]], Any], returns_tuple: bool) -> Callable[..., Any]:
+def grad_off_call(call: Callable[[list[Any]], Any], returns_tuple: bool) -> Callable[..., Any]:
     """Inductor's ``call`` with grad mode off (as the wrapper does for
     inference graphs: its out= kernels must not meet autograd) and the
     outputs unpacked, in one Python frame."""

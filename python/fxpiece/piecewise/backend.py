@@ -22,6 +22,7 @@ import torch
 import torch.fx
 
 import fxpiece
+from fxpiece.cache.entries import MODEL_KERNELS
 from fxpiece.cache.keys import shared_digest
 from fxpiece.config import CompileConfig
 from fxpiece.counters import counters
@@ -39,6 +40,7 @@ from fxpiece.piecewise.layouts import eager_piece
 from fxpiece.piecewise.ops import resolve_splitting_ops
 from fxpiece.piecewise.plan import PieceInputs, PiecePlan, Work, fake_inputs, plan_piece
 from fxpiece.piecewise.private_dirs import headers_dir, untrusted
+from fxpiece.piecewise.remote_tier import RemoteTier
 from fxpiece.piecewise.resolver import Resolved, Resolver
 from fxpiece.piecewise.split import (
     SplitItem,
@@ -48,6 +50,7 @@ from fxpiece.piecewise.split import (
     whole_graph,
 )
 from fxpiece.piecewise.stats import BackendStats, GraphStats, PieceStats, ProgressEvent
+from fxpiece.remote import open_remote
 
 __all__ = ["Backend", "entry_point"]
 
@@ -68,7 +71,8 @@ class Backend:
     sharing the cache coordinate is ``coordination`` (default
     :class:`~fxpiece.piecewise.coordination.SharedFolder`: leases and slots
     in the cache root; :class:`~fxpiece.distributed.DistributedBackend`
-    passes collectives).
+    passes collectives); with ``config.remote_cache`` it is wrapped in a
+    :class:`~fxpiece.piecewise.remote_tier.RemoteTier`.
     """
 
     def __init__(
@@ -90,6 +94,12 @@ class Backend:
         self.coordination: Coordination = (
             coordination if coordination is not None else SharedFolder()
         )
+        if self.config.remote_cache is not None and self.cache_enabled():
+            # The fleet's second tier (pull on a miss, push once built, one
+            # compile per fleet), around how this host's processes coordinate.
+            self.coordination = RemoteTier(
+                self.coordination, open_remote(self.config.remote_cache), count=self.count
+            )
         self._resolver: Resolver | None = None
         self._opener = GraphCacheOpener(
             self.config, self.compiler.compute_hash, lambda: self.inductor_dirs
@@ -341,6 +351,7 @@ class Backend:
                 sym=sym,
                 exact_args=inputs.exact(it.name),
                 full_graph=None if whole is None else functools.partial(whole, it.index),
+                inductor=self.inductor_dirs,
             )
             for it in compiled_items
         ]
@@ -351,7 +362,6 @@ class Backend:
         for plan, got in zip(plans, resolved, strict=True):
             runner = self._runner(plan, got)
             gstats.runners.append(runner)
-                inductor=self.inductor_dirs,
             gstats.pieces[plan.item.index].token_arg = (
                 None if plan.token_arg is None else str(plan.token_arg)
             )
@@ -363,7 +373,10 @@ class Backend:
                 # its outputs in the layouts the compiled pieces expect.
                 split_gm.__dict__[it.name] = eager_piece(it.graph)
         if mc is not None and not mc.readonly:
+            bundle = mc.entries.get(MODEL_KERNELS)
             self.kernel_cache.save_model(mc)
+            if mc.entries.get(MODEL_KERNELS) != bundle:
+                self.coordination.publish(mc, [MODEL_KERNELS])
         gstats.compile_s = sum(p.compile_s for p in gstats.pieces)
         gstats.load_s = sum(p.load_s for p in gstats.pieces)
         gstats.total_s = time.perf_counter() - t_start

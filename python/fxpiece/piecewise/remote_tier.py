@@ -25,7 +25,8 @@ digests and index keys as ``fxpiece cache push/pull``
 - **one compile per fleet.** The compile lease of a digest is taken on the
   store (after the local one, so one process per host asks), with an expiry,
   renewed while compiling; a process that finds it taken polls the store for
-  the result and loads it. Compile slots stay per host (the local strategy's).
+  the result and loads it. Compile slots stay per machine: this machine's
+  folder in ``/dev/shm`` (the roots are private, the cores are shared).
 - **the store failing** (down, slow, full: bounded by
   :class:`~fxpiece.remote.RemoteConfig`'s timeouts) is one warning and
   ``num_remote_errors``; from then on this backend uses the local strategy
@@ -48,6 +49,7 @@ from fxpiece.cache.entries import (
     MODEL_KERNELS,
     Entry,
     IndexKey,
+    PieceKey,
     UnknownKey,
     Unsupported,
     Value,
@@ -57,6 +59,7 @@ from fxpiece.cache.entries import (
 from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.lease import Releasable, WaitOutcome
 from fxpiece.cache.model import ModelCache
+from fxpiece.cache.slots import host_slot_base, host_slot_dir
 from fxpiece.cache.store import ARTIFACT_KIND, artifact_message, decode_artifact, encode_artifact
 from fxpiece.errors import (
     BlobTooLargeError,
@@ -66,6 +69,7 @@ from fxpiece.errors import (
     SignatureError,
 )
 from fxpiece.piecewise.coordination import Coordination
+from fxpiece.piecewise.kernel_cache import KernelCache
 from fxpiece.piecewise.plan import Work
 from fxpiece.remote.base import Lease as RemoteLease
 from fxpiece.remote.base import RemoteStore, check_model
@@ -153,6 +157,9 @@ class RemoteTier:
         self._warned_refused = False
         self._pushed: set[str] = set()
         """Digests of the blobs on the store (pushed or pulled here)."""
+        self._kernels: KernelCache | None = None
+        """The resolver's kernel bundles (known from :meth:`before`): what a
+        wait pulls is unpacked before the piece loads."""
 
     # -- the store failing ----------------------------------------------------
     @property
@@ -206,7 +213,13 @@ class RemoteTier:
 
     # -- Coordination -----------------------------------------------------------
     def slot_folder(self, mc: ModelCache | None) -> tuple[Path, Path] | None:
-        return self.local.slot_folder(mc)
+        """This machine's slots (``/dev/shm``, as for
+        :class:`~fxpiece.distributed.Collectives`): a fleet's processes have
+        private roots, and those on one machine share its cores. ``None``
+        (unbounded) where the local strategy has none."""
+        if self.local.slot_folder(mc) is None:
+            return None
+        return host_slot_base(), host_slot_dir()
 
     def try_lease(self, mc: ModelCache, digest: str, ttl: float) -> Releasable | None:
         lease = self.local.try_lease(mc, digest, ttl)
@@ -222,7 +235,7 @@ class RemoteTier:
             return None
         # Finished elsewhere between our miss and our lease: the resolver's
         # next look at the local cache finds it.
-        self._pull_artifact(mc, digest)
+        self._pull_result(mc, digest)
         return _Held(self, lease, held)
 
     def lease_or_wait(
@@ -248,7 +261,7 @@ class RemoteTier:
                 return outcome  # the local lease: compile here
             waited = time.monotonic() - t0
             if held is not None:
-                self._pull_artifact(mc, digest)  # finished meanwhile: polled next
+                self._pull_result(mc, digest)  # finished meanwhile: polled next
                 return WaitOutcome(_Held(self, local, held), None, waited)
             result = poll() if self._pull_result(mc, digest) else None
             if result is not None:
@@ -266,6 +279,7 @@ class RemoteTier:
         """Pull the model's entries when the local index lacks any of
         ``work`` (and unpack the kernel bundles pulled), then the local
         strategy's step."""
+        self._kernels = resolver.kernels
         if mc is not None:
             missing = [w.key for w in work if not _has(mc, w)]
             if missing and self.fetch(mc, missing):
@@ -415,8 +429,11 @@ class RemoteTier:
         return handle
 
     def _pull_result(self, mc: ModelCache, digest: str) -> bool:
-        """Whether another host's compile of ``digest`` is on the store now;
-        if so, pull it (its entries first: the kernel bundle is among them)."""
+        """Whether another host's compile of ``digest`` is here now, pulled
+        from the store with its model's entries: its artifact, its index
+        entry and its kernel bundle (unpacked: a piece loaded without it
+        rebuilds its kernels). The holder pushes the bundle, then the
+        artifact, then the entry: until the entry is there, keep waiting."""
         try:
             if not self.store.has_blob(digest):
                 return False
@@ -426,7 +443,14 @@ class RemoteTier:
         except ValueError:
             return False
         self._fetch_model(mc)
-        return self._pull_artifact(mc, digest) is not None
+        if self._pull_artifact(mc, digest) is None:
+            return False
+        if self._kernels is not None:
+            self._kernels.restore(mc)
+        return any(
+            isinstance(k, PieceKey) and isinstance(v, Entry) and v.digest == digest
+            for k, v in mc.entries.items()
+        )
 
     # -- pushing -----------------------------------------------------------------
     def _push_blob(self, mc: ModelCache, digest: str) -> bool:

@@ -309,6 +309,7 @@ def run(peer: str, phase: str, work: Path, layers: int, hidden: int) -> dict[str
     out["dynamo_imported"] = "torch._dynamo" in sys.modules
     out["inductor_imported"] = "torch._inductor" in sys.modules
     out["fxpiece_imported"] = "fxpiece" in sys.modules
+    out["compile_fx_imported"] = "torch._inductor.compile_fx" in sys.modules
     ref = (build_model(layers, hidden, False) if peer == "eager" else model)(ids)
     out["max_abs_diff"] = (got.float() - ref.float()).abs().max().item()
     out["scale"] = ref.float().abs().max().item()

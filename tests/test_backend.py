@@ -498,7 +498,7 @@ def test_piece_loaded_before_the_model_bundle_rebuilds_no_kernel(
     index = CacheIndex(
         str(Path(ranges_run.result["folder"].replace(str(ranges_run.cache), str(cache))) / "index")
     )
-    assert EntryIndex(index).remove(MODEL_KERNELS)  # as if the compiling process had not finished
+    EntryIndex(index).remove(MODEL_KERNELS)  # as if the compiling process had not finished
     assert any(isinstance(decode_key(k), KernelsKey) for k, _ in index.entries())  # the pieces' own
     out = tmp_path / "warm.pt"
     r = run_toy_subprocess(run_py, range_spec(cache, out))

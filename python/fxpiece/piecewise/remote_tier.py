@@ -42,6 +42,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,8 +91,10 @@ __all__ = ["RemoteTier"]
 _log = logging.getLogger("fxpiece")
 
 _POLL_MIN = 0.05
-_POLL_MAX = 0.5
+_POLL_MAX = 0.2
 """Seconds between two looks at the store while another host compiles."""
+_PULLERS = 4
+"""Blobs pulled at once (each is a request, a check and an fsync'd write)."""
 
 
 def _no_count(name: str) -> None:
@@ -363,6 +366,7 @@ class RemoteTier:
         for this model, with their artifacts stored here."""
         trusted = mc.artifacts.trusted_keys()
         out: list[tuple[IndexKey, Value]] = []
+        entries: list[tuple[IndexKey, Entry]] = []
         for fname in sorted(raw):
             rk = parse_entry_field(fname)
             ik = None if rk is None else decode_key(rk)
@@ -386,9 +390,17 @@ class RemoteTier:
             if value is None or value.artifact != _artifact_rel(value.digest):
                 self._refused(f"entry {fname[:80]} of {tag} does not name its digest's artifact")
                 continue
-            handle = self._pull_artifact(mc, value.digest)
+            entries.append((ik, value))
+        # The blobs are independent: fetched, checked and written (fsync) a
+        # few at a time, so a warm start does not wait for each in turn.
+        digests = sorted({entry.digest for _, entry in entries})
+        with ThreadPoolExecutor(min(_PULLERS, max(1, len(digests)))) as pool:
+            pulled = pool.map(lambda d: self._pull_artifact(mc, d), digests)
+            handles = dict(zip(digests, pulled, strict=True))
+        for ik, entry in entries:
+            handle = handles[entry.digest]
             if handle is not None:
-                out.append((ik, Entry(value.digest, handle, value.files)))
+                out.append((ik, Entry(entry.digest, handle, entry.files)))
         return out
 
     def _pull_artifact(self, mc: ModelCache, digest: str) -> dict[str, Any] | None:

@@ -257,8 +257,12 @@ def test_a_planted_pickle_from_a_writer_without_a_trusted_key_never_runs(
 ) -> None:
     marker = tmp_path / "pwned"
     assert _plant(fleet, 3, marker) >= UNIQUE_PIECES + 1
-    c = fleet.run("c", 3, trusted=fleet.trusted("a", "c"))
+    c = fleet.run("c", 3, trusted=fleet.trusted("a", "c"), home="c-planted")
     assert not marker.exists()
+    # Never stored either (not even moved aside): refused before it reached the root.
+    evil = pickle.dumps(_Marker(str(marker)))
+    stored = [p for p in (fleet.base / "c-planted" / "root").rglob("*") if p.is_file()]
+    assert stored and not [p for p in stored if evil in p.read_bytes()]
     assert c["diff"]["num_untrusted_remote"] >= 1
     assert c["diff"]["num_inductor_compiles"] == UNIQUE_PIECES
     refused = [w for w in c["warnings"] if "refused from the remote cache" in w]

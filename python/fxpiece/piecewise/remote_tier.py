@@ -265,6 +265,8 @@ class RemoteTier:
             waited = time.monotonic() - t0
             if held is not None:
                 self._pull_result(mc, digest)  # finished meanwhile: polled next
+                # Taken at the first try: nobody was waited for.
+                waited = outcome.waited_s if delay == _POLL_MIN else waited
                 return WaitOutcome(_Held(self, local, held), None, waited)
             result = poll() if self._pull_result(mc, digest) else None
             if result is not None:

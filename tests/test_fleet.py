@@ -221,6 +221,29 @@ def test_redis_killed_during_a_start(fleet: Fleet, tmp_path: Path) -> None:
     assert len(down) == 1 and "local cache only" in down[0], c["warnings"]
 
 
+@pytest.mark.slow
+def test_a_stopped_redis_costs_one_timeout(fleet: Fleet, tmp_path: Path) -> None:
+    """Redis frozen (SIGSTOP: it accepts connections, never answers) for a
+    host with an empty root: one bounded timeout, one warning, then a local
+    compile with the right outputs; never a hang."""
+    server = RedisServer(tmp_path / "redis")
+    try:
+        server.signal(signal.SIGSTOP)
+        own = Fleet(fleet.base, server, fleet.keys, fleet.cold)
+        t0 = time.monotonic()
+        c = own.run("c", 0, trusted=fleet.trusted("c"))
+        took = time.monotonic() - t0
+    finally:
+        server.signal(signal.SIGCONT)
+        server.stop()
+    same_outputs(c, fleet.cold)
+    assert c["diff"]["num_inductor_compiles"] == UNIQUE_PIECES
+    assert c["diff"]["num_remote_errors"] == 1, c["diff"]  # then it is not asked again
+    down = [w for w in c["warnings"] if "remote cache" in w]
+    assert len(down) == 1 and "no answer within 2 s" in down[0], c["warnings"]
+    assert took < 240
+
+
 def _plant(fleet: Fleet, db: int, marker: Path) -> int:
     """Copy database 1 (A's pushes) to ``db``, then overwrite every blob
     there with a pickle that creates ``marker`` when loaded, with a valid

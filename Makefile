@@ -89,7 +89,7 @@ $(COMPAT_PY):
 # torch from the constraints file; pip reuses its download cache. fxpiece is built
 # without build isolation (maturin is installed here), so nothing else is fetched.
 compat-install: $(COMPAT_PY)
-	$(COMPAT_PY) -m pip install --quiet -c $(TORCH_OLDEST) torch "maturin>=1.7,<2" "pytest>=8" numpy "hypothesis>=6"
+	$(COMPAT_PY) -m pip install --quiet -c $(TORCH_OLDEST) torch "maturin>=1.7,<2" "pytest>=8" numpy "hypothesis>=6" "redis>=5"
 	$(COMPAT_PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(COMPAT_PY) -c "import torch; print('test-compat: torch', torch.__version__)"
 

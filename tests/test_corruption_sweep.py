@@ -419,4 +419,4 @@ def test_model_cache_writes_past_hostile_files(tmp_path: Path, kind: str, name: 
     plant(mc.folder / name, kind, 1 << 20)
     write: Callable[[Any], None] = mc.write_factors if name == FACTORS_FILE else mc.write_graph
     with deadline(), contextlib.suppress(OSError):
-        write({"a": 1} if name == FACTORS_FILE else "graph")
+        write({"a": 1} if name == FACTORS_FILE else (lambda: "graph"))

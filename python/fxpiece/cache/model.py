@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -144,8 +145,17 @@ class ModelCache:
             pass
         write_atomic(str(path), data)
 
-    def write_graph(self, text: str) -> None:
-        self._write_text(self.layout.graph_file(self.folder), text)
+    def write_graph(self, text: Callable[[], str]) -> None:
+        """Write the readable split graph (``text()``, made only when
+        needed) unless the folder already has it: the graph is part of the
+        folder's key, so a warm start does not print it again."""
+        path = self.layout.graph_file(self.folder)
+        try:
+            if stat.S_ISREG(path.lstat().st_mode) and path.lstat().st_size > 0:
+                return
+        except OSError:
+            pass
+        self._write_text(path, text())
 
     def write_factors(self, factors: dict[str, Any]) -> None:
         self._write_text(

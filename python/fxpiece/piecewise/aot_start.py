@@ -301,7 +301,9 @@ class AotStart:
         if changed:
             return None, f"traced source file changed: {changed}"
         try:
-            return aot.deserialize(data, fn.__globals__, self.backend.rebuild), ""
+            loaded, piece = aot.deserialize(data, fn.__globals__)
+            piece.build(self.backend.build)
+            return loaded, ""
         except UntrustedCacheError:
             raise
         except Exception as e:  # an entry torch cannot load: trace again, never crash
@@ -348,11 +350,17 @@ class AotStart:
     ) -> tuple[str | None, str]:
         n = next(i for i in range(MAX_ENTRIES + 1) if i not in self._slots)
         try:
-            captured = aot.capture(fn, (*lead, *args), dict(kwargs), self.backend)
+            captured = aot.capture(
+                fn,
+                (*lead, *args),
+                dict(kwargs),
+                self.backend.capture,
+                self.backend.inductor_dirs.active(),
+            )
             piece = aot.captured_piecewise(captured)
             modules = aot.traced_modules(captured)
             piece.state["traced_modules"] = modules
-            piece.finish(self.backend.rebuild)
+            piece.build(self.backend.build)
             data = aot.serialize(captured)
         except aot.AotUnsupported as e:
             return self._unsupported(mc, n, str(e))
@@ -362,7 +370,8 @@ class AotStart:
             built = piece.fn
             if built is None:
                 raise aot.AotUnsupported("the captured graph was not built")
-            loaded = aot.deserialize(data, fn.__globals__, lambda *_: built)
+            loaded, again = aot.deserialize(data, fn.__globals__)
+            again.serve(built)
         except Exception as e:
             return self._unsupported(
                 mc, n, f"Dynamo's saved output does not load: {type(e).__name__}: {e}"

@@ -34,6 +34,7 @@ from fxpiece.piecewise.compilers import make_compiler
 from fxpiece.piecewise.coordination import Coordination, SharedFolder
 from fxpiece.piecewise.dispatch import PieceRunner, token_symbol
 from fxpiece.piecewise.interface import CompilerInterface
+from fxpiece.piecewise.job import FullGraph, GraphJob
 from fxpiece.piecewise.kernel_cache import KernelCache
 from fxpiece.piecewise.kernels import HEADERS_SUBDIR, KernelDir
 from fxpiece.piecewise.layouts import eager_piece
@@ -218,61 +219,32 @@ class Backend:
 
     # -- the backend -------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        if not aot.is_capturing():
-            return self.build(gm, example_inputs)
-        # Ahead-of-time capture (fxpiece.compile with aot): what a warm start
-        # needs to rebuild this graph without Dynamo. The pieces are built
-        # once the capture says which files were traced (Piecewise.finish).
-        marked = _torch_compat.marked_dims(gm)
+        return self.build(GraphJob.from_dynamo(gm, example_inputs))
+
+    def capture(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> aot.Piecewise:
+        """The backend Dynamo calls while :mod:`fxpiece.piecewise.aot_start`
+        captures ahead of time: records what a warm start needs to build
+        this graph without Dynamo, and builds nothing yet (the pieces are
+        built once the capture says which files were traced:
+        :meth:`Piecewise.build <fxpiece.piecewise._torch_compat.aot.Piecewise.build>`)."""
         fake_mode = _torch_compat.detect_fake_mode(example_inputs)
         fakes = fake_inputs(example_inputs, fake_mode)  # metadata only, never weights
         spec = None if self.config.use_inductor_graph_partition else self._splitting
-        state = {**aot.graph_state(gm, fakes, boundary_nodes(gm, spec)), "marked": marked}
-        return aot.Piecewise(None, state, pending=(gm, fakes, fake_mode))
+        state = {
+            **aot.graph_state(gm, fakes, boundary_nodes(gm, spec)),
+            "marked": _torch_compat.marked_dims(gm),
+        }
+        return aot.Piecewise(state, captured=(gm, fakes, fake_mode))
 
-    def rebuild(
-        self,
-        gm: torch.fx.GraphModule,
-        example_inputs: Sequence[Any],
-        state: dict[str, Any],
-        full_graph: aot.FullGraph | None = None,
-    ) -> Any:
-        """Build a graph loaded ahead of time (:mod:`fxpiece.piecewise.aot_start`):
-        ``gm`` may be the light graph, ``full_graph`` then loads the whole one."""
-        if full_graph is not None and self.compiler.load_uses_inputs:
-            gm, full_graph = full_graph(), None  # its loads may read any node's value
-        traced = aot.current_files(state["traced_modules"])
-        return self.build(
-            gm,
-            example_inputs,
-            traced=traced,
-            marked=state["marked"],
-            saved=state,
-            full_graph=full_graph,
-        )
-
-    def build(
-        self,
-        gm: torch.fx.GraphModule,
-        example_inputs: Sequence[Any],
-        *,
-        traced: Sequence[str] | None = None,
-        marked: Sequence[tuple[int, int]] | None = None,
-        saved: dict[str, Any] | None = None,
-        full_graph: aot.FullGraph | None = None,
-    ) -> Any:
-        """Split, plan and build one Dynamo graph. ``traced`` (the source
-        files Dynamo traced) and ``marked`` (the token dims the user marked)
-        default to what Dynamo's tracing context says. ``saved``: the state
-        of an ahead-of-time entry; its key factors are reused when they still
-        hold (:func:`~fxpiece.piecewise.factors.saved_key_factors`), and a
-        capture records them there. ``full_graph``: ``gm`` is an ahead-of-time
-        entry's light graph, and this loads the whole one (for a compile)."""
+    def build(self, job: GraphJob) -> Any:
+        """Split, plan and build one graph (:class:`~fxpiece.piecewise.job.GraphJob`):
+        Dynamo's now, or one an ahead-of-time entry saved. The pieces are
+        loaded or compiled by the resolver, then stitched; returns the
+        stitched graph's callable."""
+        if job.full_graph is not None and self.compiler.load_uses_inputs:
+            job = job.whole()  # its loads may read any node's value
+        gm, example_inputs = job.gm, job.example_inputs
         t_start = time.perf_counter()
-        if traced is None:
-            traced = _torch_compat.traced_files()
-        if marked is None:
-            marked = _torch_compat.marked_dims(gm)
         cfg = self.config
         if _torch_compat.freezing_enabled(self._inductor_options):
             raise ConfigError(
@@ -289,7 +261,7 @@ class Backend:
 
         t0 = time.perf_counter()
         cache, problem = (
-            self._opener.open_or_skip(gm, fake_args, model_tag, traced, saved)
+            self._opener.open_or_skip(gm, fake_args, model_tag, job.traced, job.saved)
             if self.cache_enabled()
             else (None, None)
         )
@@ -300,7 +272,7 @@ class Backend:
         split_gm, items = self._split(gm)
         split_s = time.perf_counter() - t0
         if mc is not None and not mc.readonly:
-            best_effort(mc.write_graph, readable_split(split_gm, items))
+            best_effort(mc.write_graph, lambda: readable_split(split_gm, items))
 
         self.count("num_piecewise_graphs_seen", len(items))
         compiled_items = [it for it in items if not it.is_splitting_graph]
@@ -308,7 +280,7 @@ class Backend:
 
         inputs = PieceInputs(split_gm, fake_args, fake_mode, {it.name for it in compiled_items})
         args_of = inputs.for_planning()
-        sym = token_symbol(fake_args, marked)
+        sym = token_symbol(fake_args, job.marked)
         factors = cache.factors if cache is not None else None
         gstats = GraphStats(
             cache_key=factors.key if factors else None,
@@ -336,7 +308,7 @@ class Backend:
             version=fxpiece.__version__,
         )
         store = mc.artifacts if mc is not None else None
-        whole = None if full_graph is None else self._whole_pieces(items, full_graph)
+        whole = None if job.full_graph is None else self._whole_pieces(items, job.full_graph)
         plans = [
             plan_piece(
                 cfg,
@@ -414,7 +386,7 @@ class Backend:
         return split_graph(gm, self._splitting)
 
     def _whole_pieces(
-        self, items: Sequence[SplitItem], full_graph: aot.FullGraph
+        self, items: Sequence[SplitItem], full_graph: FullGraph
     ) -> Callable[[int], torch.fx.GraphModule]:
         """Piece ``i`` split from the whole graph (loaded and split once, on
         the first call), for compiling a piece planned from the light graph."""

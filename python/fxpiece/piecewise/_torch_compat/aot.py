@@ -4,8 +4,9 @@ call it in a fresh process without tracing again.
 
 The backend's result must be a ``SerializableCallable``: :class:`Piecewise`
 is one; it serialises the Dynamo graph and its fake example inputs (with
-``GraphPickler``) and, when loaded, hands them back to the backend, which
-loads every piece from the cache.
+``GraphPickler``). Torch's loader only unpickles it as data; the caller then
+hands its :class:`~fxpiece.piecewise.job.GraphJob` to the backend explicitly
+(:meth:`Piecewise.build`), which loads every piece from the cache.
 
 The graph is saved twice: whole, and *light*, with the recorded values
 (fake tensors, the slow part of a load) kept only on the nodes the backend
@@ -27,11 +28,12 @@ import pickle
 import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
-from contextvars import ContextVar
 from typing import Any
 
 import torch
 import torch.fx
+
+from fxpiece.piecewise.job import FullGraph, GraphJob
 
 __all__ = [
     "AotUnsupported",
@@ -45,36 +47,21 @@ __all__ = [
     "deserialize",
     "frame_scope",
     "graph_state",
-    "is_capturing",
     "keep_guards",
     "module_file",
-    "rebuilding",
     "serialize",
     "traced_modules",
 ]
 
-FullGraph = Callable[[], torch.fx.GraphModule]
-"""Loads the saved graph with every node's recorded value (on demand)."""
-RebuildFn = Callable[
-    [torch.fx.GraphModule, Sequence[Any], dict[str, Any], FullGraph | None], Callable[..., Any]
-]
-"""Called on load with the Dynamo graph, its fake inputs, the extra state
-the backend recorded, and, when that graph is the light one, a loader of
-the whole graph; returns what the stitched graph calls."""
+BuildFn = Callable[[GraphJob], Callable[..., Any]]
+"""Builds a job's pieces (:meth:`Backend.build <fxpiece.piecewise.backend.Backend.build>`);
+returns what the stitched graph calls."""
 
-_REBUILD: ContextVar[RebuildFn | None] = ContextVar("fxpiece_aot_rebuild", default=None)
-_CAPTURING: ContextVar[bool] = ContextVar("fxpiece_aot_capturing", default=False)
 _DROPPED_META = frozenset({"source_fn_stack", "nn_module_stack", "fwd_source_fn_stack", "grapharg"})
 """Node metadata not saved: stacks of live objects, and Dynamo's graph
 arguments (they hold the real input tensors)."""
 _VALUE_META = ("example_value", "val")
 """A node's recorded value: left out of the light graph except where kept."""
-
-
-def is_capturing() -> bool:
-    """Whether the backend is being called by :func:`capture` (it must then
-    return a :class:`Piecewise`)."""
-    return _CAPTURING.get()
 
 
 class AotUnsupported(Exception):
@@ -113,52 +100,58 @@ except ImportError:  # pragma: no cover - older torch
 
 
 class Piecewise(_Base):
-    """What the backend returns while capturing ahead of time: calls the
-    stitched graph; serialises the Dynamo graph, not the pieces.
+    """The backend's result while capturing ahead of time, and what torch's
+    loader unpickles: calls the stitched graph; serialises the Dynamo graph,
+    not the pieces.
 
-    While capturing, the pieces are built by :meth:`finish`, after Dynamo
-    has said which source files it traced (they enter the model key)."""
+    It is built explicitly, never by torch: after a capture (once Dynamo has
+    said which source files it traced: they enter the model key) and after
+    a load, the caller passes the backend's build to :meth:`build`, or a
+    function already built to :meth:`serve`."""
 
     def __init__(
         self,
-        fn: Callable[..., Any] | None,
         state: dict[str, Any],
-        pending: tuple[torch.fx.GraphModule, Sequence[Any], Any] | None = None,
+        captured: tuple[torch.fx.GraphModule, Sequence[Any], Any] | None = None,
     ) -> None:
-        self.fn = fn
+        self.fn: Callable[..., Any] | None = None
         self.state = state
-        """``graph`` and ``inputs`` (GraphPickler bytes) and the backend's extras."""
-        self._pending = pending
+        """``graph``, ``graph_light`` and ``inputs`` (GraphPickler bytes),
+        ``marked``, ``traced_modules`` and the backend's saved key factors."""
+        self._captured = captured
+        """``(graph, fake inputs, fake mode)`` of a capture in this process."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)  # type: ignore[misc]
+        if self.fn is None:
+            raise RuntimeError(
+                "an fxpiece ahead-of-time graph was called before it was built; "
+                "it is served by fxpiece.compile only"
+            )
+        return self.fn(*args, **kwargs)
 
-    def finish(self, rebuild: RebuildFn) -> None:
-        """Build the captured graph's pieces with ``rebuild``."""
-        if self._pending is None:
-            return
-        gm, inputs, fake_mode = self._pending
+    def build(self, build: BuildFn) -> None:
+        """Build the pieces with ``build`` (the backend's), handing it this
+        graph's job, under the context Dynamo gives a backend."""
+        job, fake_mode = self._job()
         with _as_in_dynamo(fake_mode):
-            self.fn = rebuild(gm, inputs, self.state, None)
-        self._pending = None
+            self.fn = build(job)
+        self._captured = None
 
-    @classmethod
-    def serialize_compile_artifacts(cls, fn: Piecewise) -> bytes:
-        return pickle.dumps(fn.state, protocol=pickle.HIGHEST_PROTOCOL)
+    def serve(self, fn: Callable[..., Any]) -> None:
+        """Call ``fn`` (pieces already built in this process)."""
+        self.fn = fn
+        self._captured = None
 
-    @classmethod
-    def deserialize_compile_artifacts(cls, data: bytes) -> Piecewise:
+    def _job(self) -> tuple[GraphJob, Any]:
+        state = self.state
+        traced = current_files(state["traced_modules"])
+        if self._captured is not None:
+            gm, fakes, fake_mode = self._captured
+            return GraphJob(gm, fakes, traced, state["marked"], saved=state), fake_mode
         from torch._subclasses import FakeTensorMode
         from torch.fx._graph_pickler import GraphPickler
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-        rebuild = _REBUILD.get()
-        if rebuild is None:
-            raise RuntimeError(
-                "an fxpiece ahead-of-time entry is loaded by fxpiece.compile only "
-                "(it needs the backend to load the pieces from the cache)"
-            )
-        state = pickle.loads(data)
         shape_env = ShapeEnv()
         fake_mode = FakeTensorMode(shape_env=shape_env)
         light = state.get("graph_light")
@@ -170,9 +163,20 @@ class Piecewise(_Base):
         full: FullGraph | None = None
         if light is not None:
             full = functools.cache(lambda: _load_graph(state["graph"], fake_mode))
-        with _as_in_dynamo(fake_mode):
-            fn = rebuild(gm, inputs, state, full)
-        return cls(fn, state)
+        job = GraphJob(gm, inputs, traced, state["marked"], saved=state, full_graph=full)
+        return job, fake_mode
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: Piecewise) -> bytes:
+        return pickle.dumps(fn.state, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> Piecewise:
+        """Data only: the graph is unpickled and built by :meth:`build`."""
+        state = pickle.loads(data)
+        if not isinstance(state, dict) or "traced_modules" not in state:
+            raise RuntimeError("an ahead-of-time entry holds no fxpiece graph state")
+        return cls(state)
 
 
 @contextlib.contextmanager
@@ -249,34 +253,30 @@ def graph_state(
     return state
 
 
-@contextlib.contextmanager
-def rebuilding(fn: RebuildFn) -> Iterator[None]:
-    """Loads in the block rebuild their pieces with ``fn``."""
-    token = _REBUILD.set(fn)
-    try:
-        yield
-    finally:
-        _REBUILD.reset(token)
-
-
 def capture(
-    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], backend: Any
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    record: Callable[[torch.fx.GraphModule, Sequence[Any]], Piecewise],
+    inductor_folder: contextlib.AbstractContextManager[Any],
 ) -> Any:
-    """Trace ``fn(*args, **kwargs)`` as one full graph with ``backend`` and
-    return Dynamo's ahead-of-time compiled function (guards checked by the
-    caller: see :func:`check_guards`). :class:`AotUnsupported` when it
-    cannot be captured (graph break, a value Dynamo cannot save)."""
+    """Trace ``fn(*args, **kwargs)`` as one full graph and return Dynamo's
+    ahead-of-time compiled function (guards checked by the caller: see
+    :func:`check_guards`); ``record`` is the backend Dynamo calls: it
+    returns the graph's unbuilt :class:`Piecewise` (see
+    :func:`captured_piecewise`). ``inductor_folder`` is entered while
+    ``torch.compile`` is set up: it reads Inductor's folder (its bisector can
+    swap the backend), which must be the backend's private one, never the
+    global default. :class:`AotUnsupported` when it cannot be captured
+    (graph break, a value Dynamo cannot save)."""
     scope = frame_scope(fn, args, kwargs)
-    # torch.compile reads Inductor's folder (its bisector can swap the
-    # backend): the backend's private one, never the global default.
-    with torch._dynamo.config.patch(enable_aot_compile=True), backend.inductor_dirs.active():
+    with torch._dynamo.config.patch(enable_aot_compile=True), inductor_folder:
         compiled = torch.compile(
             fn,
             fullgraph=True,
-            backend=backend,
+            backend=record,
             options={"guard_filter_fn": functools.partial(keep_guards, scope=scope)},
         )
-    token = _CAPTURING.set(True)
     try:
         out = compiled.aot_compile((tuple(args), dict(kwargs)))  # type: ignore[attr-defined]
     except torch._dynamo.exc.Unsupported as e:
@@ -285,8 +285,6 @@ def capture(
         raise  # the backend's own error (a bad config, the trust boundary...)
     except Exception as e:
         raise AotUnsupported(f"{type(e).__name__}: {_first_line(e)}") from e
-    finally:
-        _CAPTURING.reset(token)
     if scope is not None:
         _import_installed_modules(out, scope["G"])
     out.disable_guard_check()
@@ -414,27 +412,17 @@ def serialize(compiled: Any) -> bytes:
     return data
 
 
-def deserialize(data: bytes, f_globals: dict[str, Any], rebuild: RebuildFn) -> Any:
-    """Load a captured function; its pieces are rebuilt by ``rebuild``. Guard
-    checks are left to the caller (:func:`check_guards`)."""
-    # Dynamo's loader turns Inductor's enable_autograd_for_aot on; the pieces
-    # are rebuilt under the config of the call (their key depends on it).
-    outside = dict(torch._inductor.config.get_config_copy())
-    keep = {"enable_autograd_for_aot": outside.get("enable_autograd_for_aot")}
+def deserialize(data: bytes, f_globals: dict[str, Any]) -> tuple[Any, Piecewise]:
+    """Load a captured function and its unbuilt :class:`Piecewise` (build it
+    before the first call: :meth:`Piecewise.build` or :meth:`Piecewise.serve`).
+    Guard checks are left to the caller (:func:`check_guards`).
 
-    def rebuild_as_outside(
-        gm: torch.fx.GraphModule,
-        inputs: Sequence[Any],
-        st: dict[str, Any],
-        full: FullGraph | None,
-    ) -> Any:
-        with torch._inductor.config.patch(keep):
-            return rebuild(gm, inputs, st, full)
-
-    with rebuilding(rebuild_as_outside):
-        fn: Any = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
+    The pieces are built after torch's loader returns, so under the
+    caller's Inductor config (their key depends on it), not the loader's
+    (it turns ``enable_autograd_for_aot`` on while it unpickles)."""
+    fn: Any = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
     fn.disable_guard_check()
-    return fn
+    return fn, captured_piecewise(fn)
 
 
 def captured_piecewise(captured: Any) -> Piecewise:

@@ -161,7 +161,7 @@ class Resolver:
             if lease is None:
                 return None
             try:
-                fn = self._poll(w, mc)  # finished between our miss and our lease
+                fn = self._poll(w, mc, leased=True)  # finished between our miss and our lease
                 if fn is not None:
                     return fn
                 self.count("num_cache_misses")
@@ -232,7 +232,7 @@ class Resolver:
             )
         try:
             if outcome.lease is not None:
-                fn = self._poll(w, mc)  # finished between our miss and our lease
+                fn = self._poll(w, mc, leased=True)  # finished between our miss and our lease
                 if fn is not None:
                     return fn
             self._require_hit(
@@ -257,12 +257,12 @@ class Resolver:
             )
 
     # -- loading -----------------------------------------------------------------
-    def _poll(self, w: Work, mc: ModelCache) -> Callable[..., Any] | None:
+    def _poll(self, w: Work, mc: ModelCache, *, leased: bool = False) -> Callable[..., Any] | None:
         try:
             mc.index.refresh()
         except CacheError as e:
             _log.warning("fxpiece: cannot re-read the index: %s", e)
-        return self._load(w, mc)
+        return self._load(w, mc, leased=leased)
 
     def _entry_value(self, w: Work, mc: ModelCache) -> tuple[Entry | None, bool]:
         """``(entry, shared)``: the index entry for ``w``, or one made from an
@@ -286,11 +286,18 @@ class Resolver:
             return None, False
         return Entry(w.digest, handle), True
 
-    def _load(self, w: Work, mc: ModelCache) -> Callable[..., Any] | None:
+    def _load(self, w: Work, mc: ModelCache, *, leased: bool = False) -> Callable[..., Any] | None:
+        """The piece's cached entry loaded, or ``None``. ``leased``: this
+        process holds the piece's compile lease."""
         if self.kernels.pending(w.key, mc):
             self.kernels.restore(mc)  # stored by another process after this build began
         entry, shared = self._entry_value(w, mc)
         if entry is None:
+            return None
+        if shared and not leased and self._being_compiled(w, mc):
+            # Its compiler stored the artifact and has yet to store the
+            # piece's kernels and index entry: loaded now, it would rebuild
+            # those kernels (seconds of C++ on cores the compile needs).
             return None
         t0 = time.perf_counter()
         try:
@@ -326,6 +333,17 @@ class Resolver:
         if shared:
             self.record(w, mc, entry)
         return fn
+
+    def _being_compiled(self, w: Work, mc: ModelCache) -> bool:
+        """Whether another process holds the piece's compile lease."""
+        try:
+            lease = self.coordination.try_lease(mc, w.digest, self.config.lease_ttl)
+        except OSError:
+            return False
+        if lease is None:
+            return True
+        lease.release()
+        return False
 
     # -- recording -----------------------------------------------------------------
     def _remember(self, w: Work, fn: Callable[..., Any], mc: ModelCache | None) -> None:

@@ -24,21 +24,20 @@ nothing touches the user's key or cache.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from redis_private import private_server
 
 HOST = textwrap.dedent(
     """
@@ -78,36 +77,6 @@ def uts_works() -> bool:
         return False
     probe = ["unshare", "--user", "--map-root-user", "--uts", "hostname", "fxpiece-probe"]
     return subprocess.run(probe, capture_output=True, check=False).returncode == 0
-
-
-@contextlib.contextmanager
-def redis_server(folder: Path) -> Iterator[int]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        sys.exit("redis-server is not on PATH: run `make redis`")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [
-            *(exe, "--port", str(port), "--bind", "127.0.0.1"),
-            *("--save", "", "--appendonly", "no", "--dir", str(folder)),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-                break
-            if time.monotonic() > deadline or proc.poll() is not None:
-                sys.exit("redis-server did not start")
-            time.sleep(0.05)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 class Fleet:
@@ -176,7 +145,7 @@ def main() -> None:
     a = p.parse_args()
     with (
         tempfile.TemporaryDirectory(prefix="fxpiece-bench-fleet-") as tmp,
-        redis_server(Path(tmp)) as port,
+        private_server(Path(tmp)) as port,
     ):
         fleet = Fleet(Path(tmp), port, a.layers, a.dtype)
         print(

@@ -27,15 +27,14 @@ import contextlib
 import os
 import platform
 import secrets
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
+
+from redis_private import private_server
 
 import fxpiece
 from fxpiece.cache.layout import CacheLayout
@@ -53,40 +52,6 @@ def reps_for(size: int, quick: bool) -> int:
     if size <= 4 << 20:
         return 8 if quick else 30
     return 2 if quick else 5
-
-
-@contextlib.contextmanager
-def private_server(folder: Path) -> Iterator[str]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        sys.exit("redis-server is not on PATH: run `make redis` or pass --url")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [
-            *(exe, "--port", str(port), "--bind", "127.0.0.1"),
-            *("--save", "", "--appendonly", "no", "--dir", str(folder)),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        url = f"redis://127.0.0.1:{port}/0"
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with RedisStore(url) as probe:
-                    probe.ping()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    sys.exit("redis-server did not start")
-                time.sleep(0.05)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def timed(fn: Callable[[int], object], reps: int) -> list[float]:
@@ -152,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     cfg = RemoteConfig(key_prefix=f"bench-{secrets.token_hex(4)}:", op_timeout=10.0)
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp, contextlib.ExitStack() as st:
-        url = a.url or st.enter_context(private_server(Path(tmp)))
+        url = a.url or f"redis://127.0.0.1:{st.enter_context(private_server(Path(tmp)))}/0"
         store = st.enter_context(RedisStore(url, cfg))
         # A throwaway builder key (never the user's): blobs are signed like
         # the backend's, and the local store signs with it too.

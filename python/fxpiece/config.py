@@ -447,20 +447,7 @@ class CompileConfig:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        ops = self.splitting_ops
-        if isinstance(ops, str) or callable(ops):
-            ops = (ops,)
-        if not hasattr(ops, "__iter__"):
-            raise ConfigError(
-                "splitting_ops", f"must be a list of op names or callables, got {ops!r}"
-            )
-        ops = tuple(ops)
-        for op in ops:
-            if not isinstance(op, str) and not callable(op):
-                raise ConfigError(
-                    "splitting_ops", f"{op!r} is neither an op name ('ns::op') nor a callable"
-                )
-        put("splitting_ops", ops)
+        put("splitting_ops", _splitting_ops(self.splitting_ops))
         put(
             "compile_ranges_endpoints",
             _ints("compile_ranges_endpoints", self.compile_ranges_endpoints),
@@ -475,57 +462,11 @@ class CompileConfig:
                 "compile_sizes",
                 f"{too_big} exceed max_num_tokens={m}; raise max_num_tokens or drop them",
             )
-        c = self.compiler
-        if isinstance(c, str):
-            if c not in BUILTIN_COMPILERS:
-                raise ConfigError(
-                    "compiler",
-                    f"unknown compiler {c!r}; use one of {', '.join(BUILTIN_COMPILERS)} "
-                    "or a fxpiece.CompilerInterface instance",
-                )
-        elif not _is_compiler(c):
-            raise ConfigError(
-                "compiler", f"{c!r} is not a compiler name nor a fxpiece.CompilerInterface"
-            )
+        _check_compiler(self.compiler)
         if self.cache_dir is not None:
-            if not isinstance(self.cache_dir, str | os.PathLike):
-                raise ConfigError("cache_dir", f"must be a path, got {self.cache_dir!r}")
-            path = os.fspath(self.cache_dir)
-            if not isinstance(path, str):
-                raise ConfigError("cache_dir", f"must be a str path, got {path!r}")
-            _check_path("cache_dir", path)
-            put("cache_dir", path)
-        if not isinstance(self.inductor_config, Mapping):
-            raise ConfigError("inductor_config", "must be a dict of torch._inductor.config names")
-        bad = [k for k in self.inductor_config if not isinstance(k, str)]
-        if bad:
-            raise ConfigError("inductor_config", f"keys must be str, got {bad!r}")
-        badv = [k for k, v in self.inductor_config.items() if not _json_like(v)]
-        if badv:
-            raise ConfigError(
-                "inductor_config",
-                f"values of {badv} are not JSON-like (None, bool, int, finite float, str, "
-                "lists and dicts of those) nor a custom pass with a uuid()",
-            )
-        known = _inductor_option_names() if self.inductor_config else frozenset()
-        unknown = [k for k in self.inductor_config if k not in known]
-        if unknown:
-            near = {k: difflib.get_close_matches(k, list(known), n=3) for k in unknown}
-            hints = "; ".join(
-                f"{k!r}" + (f" (did you mean {', '.join(map(repr, m))}?)" if m else "")
-                for k, m in near.items()
-            )
-            raise ConfigError(
-                "inductor_config", f"unknown torch._inductor.config option(s): {hints}"
-            )
-        put("inductor_config", MappingProxyType(dict(self.inductor_config)))
-        passes = tuple(self.post_grad_passes)
-        for p in passes:
-            if not _is_pass(p):
-                raise ConfigError(
-                    "post_grad_passes", f"{p!r} is not an instance of fxpiece.InductorPass"
-                )
-        put("post_grad_passes", passes)
+            put("cache_dir", _cache_dir(self.cache_dir))
+        put("inductor_config", _inductor_config(self.inductor_config))
+        put("post_grad_passes", _post_grad_passes(self.post_grad_passes))
         validate_path_part("model_tag", self.model_tag)
         for name in (
             "disable_cache",
@@ -688,3 +629,76 @@ def _inductor_option_names() -> frozenset[str]:
     from fxpiece.piecewise import _torch_compat
 
     return _torch_compat.inductor_option_names()
+
+
+def _splitting_ops(ops: Any) -> tuple[Any, ...]:
+    if isinstance(ops, str) or callable(ops):
+        ops = (ops,)
+    if not hasattr(ops, "__iter__"):
+        raise ConfigError("splitting_ops", f"must be a list of op names or callables, got {ops!r}")
+    out = tuple(ops)
+    for op in out:
+        if not isinstance(op, str) and not callable(op):
+            raise ConfigError(
+                "splitting_ops", f"{op!r} is neither an op name ('ns::op') nor a callable"
+            )
+    return out
+
+
+def _check_compiler(c: Any) -> None:
+    if isinstance(c, str):
+        if c not in BUILTIN_COMPILERS:
+            raise ConfigError(
+                "compiler",
+                f"unknown compiler {c!r}; use one of {', '.join(BUILTIN_COMPILERS)} "
+                "or a fxpiece.CompilerInterface instance",
+            )
+    elif not _is_compiler(c):
+        raise ConfigError(
+            "compiler", f"{c!r} is not a compiler name nor a fxpiece.CompilerInterface"
+        )
+
+
+def _cache_dir(value: Any) -> str:
+    if not isinstance(value, str | os.PathLike):
+        raise ConfigError("cache_dir", f"must be a path, got {value!r}")
+    path = os.fspath(value)
+    if not isinstance(path, str):
+        raise ConfigError("cache_dir", f"must be a str path, got {path!r}")
+    _check_path("cache_dir", path)
+    return path
+
+
+def _inductor_config(value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError("inductor_config", "must be a dict of torch._inductor.config names")
+    bad = [k for k in value if not isinstance(k, str)]
+    if bad:
+        raise ConfigError("inductor_config", f"keys must be str, got {bad!r}")
+    badv = [k for k, v in value.items() if not _json_like(v)]
+    if badv:
+        raise ConfigError(
+            "inductor_config",
+            f"values of {badv} are not JSON-like (None, bool, int, finite float, str, "
+            "lists and dicts of those) nor a custom pass with a uuid()",
+        )
+    known = _inductor_option_names() if value else frozenset()
+    unknown = [k for k in value if k not in known]
+    if unknown:
+        near = {k: difflib.get_close_matches(k, list(known), n=3) for k in unknown}
+        hints = "; ".join(
+            f"{k!r}" + (f" (did you mean {', '.join(map(repr, m))}?)" if m else "")
+            for k, m in near.items()
+        )
+        raise ConfigError("inductor_config", f"unknown torch._inductor.config option(s): {hints}")
+    return MappingProxyType(dict(value))
+
+
+def _post_grad_passes(value: Any) -> tuple[Any, ...]:
+    passes = tuple(value)
+    for p in passes:
+        if not _is_pass(p):
+            raise ConfigError(
+                "post_grad_passes", f"{p!r} is not an instance of fxpiece.InductorPass"
+            )
+    return passes

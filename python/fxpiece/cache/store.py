@@ -541,22 +541,37 @@ class ArtifactStore:
         _check_digest(digest)
         payload_sum = checksum(payload)
         message = artifact_message(digest, payload_sum, len(payload))
-        where = f"artifact {digest[:16]}.."
         if signature is None:
             signature = self.signer().sign_digest(ARTIFACT_KIND, message)
         else:
-            raw = bytes.fromhex(message)
-            if not _native.verify_signature_digest(
-                signature.signer.raw, ARTIFACT_KIND, raw, signature.value
-            ):
-                raise _sig_error(where, "the signature is not this payload's", None)
-            check_artifact_signer(
-                Artifact(b"", payload_sum, digest, signature), self.trusted_keys(), where
-            )
+            self._check_foreign_signature(digest, payload_sum, message, signature)
         head = _head(digest, payload_sum, len(payload), signature)
         have = self._keep_or_clear(digest)
         if have is not None:
             return have
+        theirs = self._write_new(digest, head, payload)
+        return theirs if theirs is not None else self._handle(digest, payload_sum, len(payload))
+
+    def _check_foreign_signature(
+        self, digest: str, payload_sum: str, message: str, signature: Signature
+    ) -> None:
+        """:class:`ArtifactSignatureError` unless ``signature`` is this
+        payload's and its signer is trusted."""
+        where = f"artifact {digest[:16]}.."
+        raw = bytes.fromhex(message)
+        if not _native.verify_signature_digest(
+            signature.signer.raw, ARTIFACT_KIND, raw, signature.value
+        ):
+            raise _sig_error(where, "the signature is not this payload's", None)
+        check_artifact_signer(
+            Artifact(b"", payload_sum, digest, signature), self.trusted_keys(), where
+        )
+
+    def _write_new(
+        self, digest: str, head: bytes, payload: bytes | bytearray | memoryview
+    ) -> dict[str, Any] | None:
+        """Temp + fsync + link. ``None`` once written; the handle of a valid
+        artifact another writer linked first (it is kept)."""
         path = self.layout.artifact_path(digest)
         folder = ensure_private_dir(path.parent)
         tmp = folder / f".tmp-{os.getpid()}-{secrets.token_hex(6)}"
@@ -588,7 +603,7 @@ class ArtifactStore:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-        return self._handle(digest, payload_sum, len(payload))
+        return None
 
     def load(self, handle: Any) -> bytes | None:
         """The verified payload of the artifact a handle names as ``bytes``

@@ -24,12 +24,18 @@ import torch.fx
 import fxpiece
 from fxpiece.cache.entries import MODEL_KERNELS
 from fxpiece.cache.keys import shared_digest
+from fxpiece.cache.model import ModelCache
 from fxpiece.config import CompileConfig
 from fxpiece.counters import counters
 from fxpiece.errors import ConfigError
 from fxpiece.piecewise import _torch_compat
 from fxpiece.piecewise._torch_compat import aot
-from fxpiece.piecewise.cache_open import GraphCacheOpener, best_effort, model_tag_for
+from fxpiece.piecewise.cache_open import (
+    GraphCacheOpener,
+    OpenedCache,
+    best_effort,
+    model_tag_for,
+)
 from fxpiece.piecewise.compilers import make_compiler
 from fxpiece.piecewise.coordination import Coordination, SharedFolder
 from fxpiece.piecewise.dispatch import PieceRunner, token_symbol
@@ -243,25 +249,17 @@ class Backend:
         stitched graph's callable."""
         if job.full_graph is not None and self.compiler.load_uses_inputs:
             job = job.whole()  # its loads may read any node's value
-        gm, example_inputs = job.gm, job.example_inputs
         t_start = time.perf_counter()
-        cfg = self.config
-        if _torch_compat.freezing_enabled(self._inductor_options):
-            raise ConfigError(
-                "inductor_config",
-                "Inductor's freezing is not supported by the piecewise backend (it folds "
-                "parameters into each piece as constants, which the pieces do not own); "
-                "set torch._inductor.config.freezing = False (TORCHINDUCTOR_FREEZING=0)",
-            )
+        self._refuse_freezing()
         self.count("num_graphs_seen")
-        model_tag = model_tag_for(cfg)
-
-        fake_mode = _torch_compat.detect_fake_mode(example_inputs)
-        fake_args = fake_inputs(example_inputs, fake_mode)
+        fake_mode = _torch_compat.detect_fake_mode(job.example_inputs)
+        fake_args = fake_inputs(job.example_inputs, fake_mode)
 
         t0 = time.perf_counter()
         cache, problem = (
-            self._opener.open_or_skip(gm, fake_args, model_tag, job.traced, job.saved)
+            self._opener.open_or_skip(
+                job.gm, fake_args, model_tag_for(self.config), job.traced, job.saved
+            )
             if self.cache_enabled()
             else (None, None)
         )
@@ -269,36 +267,53 @@ class Backend:
         mc = cache.model if cache is not None else None
 
         t0 = time.perf_counter()
-        split_gm, items = self._split(gm)
+        split_gm, items = self._split(job.gm)
         split_s = time.perf_counter() - t0
         if mc is not None and not mc.readonly:
             best_effort(mc.write_graph, lambda: readable_split(split_gm, items))
-
-        self.count("num_piecewise_graphs_seen", len(items))
         compiled_items = [it for it in items if not it.is_splitting_graph]
+        self.count("num_piecewise_graphs_seen", len(items))
         self.count("num_piecewise_capturable_graphs_seen", len(compiled_items))
 
         inputs = PieceInputs(split_gm, fake_args, fake_mode, {it.name for it in compiled_items})
-        args_of = inputs.for_planning()
         sym = token_symbol(fake_args, job.marked)
-        factors = cache.factors if cache is not None else None
-        gstats = GraphStats(
-            cache_key=factors.key if factors else None,
-            cache_folder=mc.folder if mc else None,
-            pieces=[
-                PieceStats(it.index, it.name, it.is_splitting_graph, it.split_op, it.num_nodes)
-                for it in items
-            ],
-            split_s=split_s,
-            key_s=key_s,
-            started_at=t_start,
-            traced_files=len(factors.code["files"]) if factors else 0,
-            token_symbol=None if sym is None else str(sym),
-            miss_explanation=cache.miss_explanation if cache is not None else None,
-            cache_problem=problem,
-        )
+        gstats = _graph_stats(items, cache, problem, sym, split_s, key_s, t_start)
         self.stats.graphs.append(gstats)
+        plans = self._plans(job, items, inputs, gstats, cache, sym)
+        if mc is not None:
+            self.kernel_cache.restore(mc)
+        with self.inductor_dirs.active():
+            resolved = self.resolver.resolve(plans, mc, self._report)
+        self._stitch(split_gm, items, plans, resolved, gstats)
+        if mc is not None and not mc.readonly:
+            self._store_model_kernels(mc)
+        gstats.compile_s = sum(p.compile_s for p in gstats.pieces)
+        gstats.load_s = sum(p.load_s for p in gstats.pieces)
+        gstats.total_s = time.perf_counter() - t_start
+        return split_gm
 
+    def _refuse_freezing(self) -> None:
+        if _torch_compat.freezing_enabled(self._inductor_options):
+            raise ConfigError(
+                "inductor_config",
+                "Inductor's freezing is not supported by the piecewise backend (it folds "
+                "parameters into each piece as constants, which the pieces do not own); "
+                "set torch._inductor.config.freezing = False (TORCHINDUCTOR_FREEZING=0)",
+            )
+
+    def _plans(
+        self,
+        job: GraphJob,
+        items: Sequence[SplitItem],
+        inputs: PieceInputs,
+        gstats: GraphStats,
+        cache: OpenedCache | None,
+        sym: Any,
+    ) -> list[PiecePlan]:
+        """The planned work of every compiled piece: its entries (ranges and
+        exact sizes), each with its key and what is stored for it."""
+        cfg = self.config
+        factors = cache.factors if cache is not None else None
         shared = shared_digest(
             compiler=factors.compiler if factors else self.compiler.compute_hash(),
             inductor=factors.inductor if factors else dict(cfg.inductor_config),
@@ -307,9 +322,10 @@ class Backend:
             partition=cfg.use_inductor_graph_partition,
             version=fxpiece.__version__,
         )
-        store = mc.artifacts if mc is not None else None
+        store = cache.model.artifacts if cache is not None else None
         whole = None if job.full_graph is None else self._whole_pieces(items, job.full_graph)
-        plans = [
+        args_of = inputs.for_planning()
+        return [
             plan_piece(
                 cfg,
                 it,
@@ -325,12 +341,20 @@ class Backend:
                 full_graph=None if whole is None else functools.partial(whole, it.index),
                 inductor=self.inductor_dirs,
             )
-            for it in compiled_items
+            for it in items
+            if not it.is_splitting_graph
         ]
-        if mc is not None:
-            self.kernel_cache.restore(mc)
-        with self.inductor_dirs.active():
-            resolved = self.resolver.resolve(plans, mc, self._report)
+
+    def _stitch(
+        self,
+        split_gm: torch.fx.GraphModule,
+        items: Sequence[SplitItem],
+        plans: Sequence[PiecePlan],
+        resolved: Sequence[Sequence[Resolved]],
+        gstats: GraphStats,
+    ) -> None:
+        """Put each compiled piece's runner and each eager piece's code in
+        the split graph."""
         for plan, got in zip(plans, resolved, strict=True):
             runner = self._runner(plan, got)
             gstats.runners.append(runner)
@@ -344,15 +368,14 @@ class Backend:
                 # The eager piece's own code, without nn.Module's call machinery,
                 # its outputs in the layouts the compiled pieces expect.
                 split_gm.__dict__[it.name] = eager_piece(it.graph)
-        if mc is not None and not mc.readonly:
-            bundle = mc.entries.get(MODEL_KERNELS)
-            self.kernel_cache.save_model(mc)
-            if mc.entries.get(MODEL_KERNELS) != bundle:
-                self.coordination.publish(mc, [MODEL_KERNELS])
-        gstats.compile_s = sum(p.compile_s for p in gstats.pieces)
-        gstats.load_s = sum(p.load_s for p in gstats.pieces)
-        gstats.total_s = time.perf_counter() - t_start
-        return split_gm
+
+    def _store_model_kernels(self, mc: ModelCache) -> None:
+        """The model's kernel bundle (what Inductor built for this graph),
+        published when it changed."""
+        bundle = mc.entries.get(MODEL_KERNELS)
+        self.kernel_cache.save_model(mc)
+        if mc.entries.get(MODEL_KERNELS) != bundle:
+            self.coordination.publish(mc, [MODEL_KERNELS])
 
     def _report(self, plan: PiecePlan, w: Work, r: Resolved) -> None:
         """Progress: one (piece, entry) is ready."""
@@ -402,6 +425,34 @@ class Backend:
             return graph
 
         return piece
+
+
+def _graph_stats(
+    items: Sequence[SplitItem],
+    cache: OpenedCache | None,
+    problem: str | None,
+    sym: Any,
+    split_s: float,
+    key_s: float,
+    started_at: float,
+) -> GraphStats:
+    """A graph's result record, before its pieces are built."""
+    factors = cache.factors if cache is not None else None
+    return GraphStats(
+        cache_key=factors.key if factors else None,
+        cache_folder=cache.model.folder if cache is not None else None,
+        pieces=[
+            PieceStats(it.index, it.name, it.is_splitting_graph, it.split_op, it.num_nodes)
+            for it in items
+        ],
+        split_s=split_s,
+        key_s=key_s,
+        started_at=started_at,
+        traced_files=len(factors.code["files"]) if factors else 0,
+        token_symbol=None if sym is None else str(sym),
+        miss_explanation=cache.miss_explanation if cache is not None else None,
+        cache_problem=problem,
+    )
 
 
 def entry_point(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:

@@ -11,6 +11,7 @@ they can: every commit must succeed and every key must be there afterwards.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -103,3 +104,36 @@ def test_writers_in_two_pid_namespaces_with_one_host_name(tmp_path) -> None:  # 
     assert len(idx) == 2 * N
     assert verify_index(path).ok
     assert elapsed < 200
+
+
+def test_leases_and_temp_files_carry_one_namespace_id(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """One formula: the id a compile lease records is the one the native
+    core writes into its temp-file names, and another PID namespace on the
+    same boot gets another one."""
+    from fxpiece import _native
+    from fxpiece.cache.lease import Lease, namespace_id, read_lease
+
+    mine = namespace_id()
+    assert mine == _native.namespace_id()
+    assert re.fullmatch(r"[0-9a-f]{12}", mine), mine
+    lease = Lease.try_acquire(str(tmp_path / "x.lease"), host="h", ttl=30.0)
+    assert lease is not None
+    try:
+        info = read_lease(str(tmp_path / "x.lease"))
+        assert info is not None and info.ns == mine
+    finally:
+        lease.release()
+    why = _unshare_works()
+    if why is not None:
+        pytest.skip(why)
+    code = "from fxpiece.cache.lease import namespace_id; print(namespace_id())"
+    inner = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=program_env({}),
+    )
+    assert inner.returncode == 0, inner.stderr[-2000:]
+    other = inner.stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{12}", other) and other != mine

@@ -86,18 +86,11 @@ this_host = _native.this_host
 
 @functools.lru_cache(maxsize=1)
 def namespace_id() -> str:
-    """This boot and PID namespace: two containers sharing a host name have
-    different ones, so a pid is only judged dead within its own namespace."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = "noboot"
-    try:
-        ns = str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        ns = "nons"
-    return f"{boot}:{ns}"
+    """This boot and PID namespace (the native core's id, the one its temp
+    file names carry): two containers sharing a host name have different
+    ones, so a pid is only judged dead within its own namespace. ``"nons"``
+    when it cannot be read (no ``/proc``): such a lease is judged by age only."""
+    return _native.namespace_id() or "nons"
 
 
 pid_alive = _native.pid_alive
@@ -249,7 +242,8 @@ class Lease:
         if not info.token:
             return info.age > grace
         host = host or this_host()
-        if info.host == host and info.ns == namespace_id() and not pid_alive(info.pid):
+        ns = namespace_id()
+        if info.host == host and ns != "nons" and info.ns == ns and not pid_alive(info.pid):
             return True
         return info.age > ttl
 

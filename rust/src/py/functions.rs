@@ -114,6 +114,14 @@ fn pid_alive(pid: &Bound<'_, PyInt>) -> bool {
     pid.extract::<i64>().is_ok_and(proc::pid_alive)
 }
 
+/// This process's PID namespace on this boot (12 hex digits), as the
+/// index's temp-file names and the compile leases record it; `None` when it
+/// cannot be read (no `/proc`): then no pid can be judged dead, only age.
+#[pyfunction]
+fn namespace_id() -> Option<&'static str> {
+    proc::namespace_id()
+}
+
 /// This host's name as the cache writes it into file names.
 #[pyfunction]
 fn this_host() -> String {
@@ -145,6 +153,7 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quarantine, m)?)?;
     m.add_function(wrap_pyfunction!(pid_alive, m)?)?;
     m.add_function(wrap_pyfunction!(this_host, m)?)?;
+    m.add_function(wrap_pyfunction!(namespace_id, m)?)?;
     m.add_function(wrap_pyfunction!(read_regular_file, m)?)?;
     Ok(())
 }

@@ -244,6 +244,30 @@ def test_a_stopped_redis_costs_one_timeout(fleet: Fleet, tmp_path: Path) -> None
     assert took < 240
 
 
+@pytest.mark.slow
+def test_a_full_redis_is_one_warning_and_a_local_cache(fleet: Fleet, tmp_path: Path) -> None:
+    """Redis at its memory limit (``maxmemory`` with ``noeviction``: every
+    write refused) for a cold host: its pushes fail, it says so once, and
+    its start finishes right from its local root; the next start on that
+    root compiles nothing."""
+    server = RedisServer(
+        tmp_path / "redis", "--maxmemory", "1mb", "--maxmemory-policy", "noeviction"
+    )
+    try:
+        own = Fleet(fleet.base, server, fleet.keys, fleet.cold)
+        c = own.run("c", 0, trusted=fleet.trusted("c"), home="full")
+        again = own.run("c", 0, trusted=fleet.trusted("c"), home="full")
+    finally:
+        server.stop()
+    same_outputs(c, fleet.cold)
+    assert c["diff"]["num_inductor_compiles"] == UNIQUE_PIECES
+    assert c["diff"]["num_remote_errors"] >= 1, c["diff"]
+    down = [w for w in c["warnings"] if "remote cache" in w]
+    assert len(down) == 1 and "full" in down[0], c["warnings"]
+    assert again["diff"].get("num_inductor_compiles", 0) == 0, again["diff"]
+    same_outputs(again, fleet.cold)
+
+
 def _plant(fleet: Fleet, db: int, marker: Path) -> int:
     """Copy database 1 (A's pushes) to ``db``, then overwrite every blob
     there with a pickle that creates ``marker`` when loaded, with a valid

@@ -335,7 +335,10 @@ class Resolver:
         return fn
 
     def _being_compiled(self, w: Work, mc: ModelCache) -> bool:
-        """Whether another process holds the piece's compile lease."""
+        """Whether another process holds the piece's compile lease (never
+        asked of a read-only cache: taking a lease writes under its root)."""
+        if mc.readonly:
+            return False
         try:
             lease = self.coordination.try_lease(mc, w.digest, self.config.lease_ttl)
         except OSError:

@@ -36,7 +36,6 @@ True
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -84,7 +83,6 @@ this_host = _native.this_host
 """This host's name (the native core's, as in index temp-file names)."""
 
 
-@functools.lru_cache(maxsize=1)
 def namespace_id() -> str:
     """This boot and PID namespace (the native core's id, the one its temp
     file names carry): two containers sharing a host name have different

@@ -151,7 +151,8 @@ class ModelCache:
         folder's key, so a warm start does not print it again."""
         path = self.layout.graph_file(self.folder)
         try:
-            if stat.S_ISREG(path.lstat().st_mode) and path.lstat().st_size > 0:
+            st = path.lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_size > 0:
                 return
         except OSError:
             pass

@@ -4,8 +4,8 @@ builds: one Dynamo graph and everything known about it, as one value.
 Three callers make one: Dynamo calling the backend (the facts come from
 Dynamo's tracing context: :meth:`GraphJob.from_dynamo`), an ahead-of-time
 capture, and a warm start that loaded a saved graph (the facts come from
-the saved entry: :meth:`Piecewise.job
-<fxpiece.piecewise._torch_compat.aot.Piecewise.job>`). Nothing reaches the
+the saved entry: :meth:`Piecewise.build
+<fxpiece.piecewise._torch_compat.aot.Piecewise.build>`). Nothing reaches the
 backend through a context variable.
 
 >>> import torch

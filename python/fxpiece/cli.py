@@ -31,9 +31,12 @@ import math
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from fxpiece.cache.admin import CacheListing, ModelInfo
 
 __all__ = ["format_bytes", "main", "parse_age", "parse_size"]
 
@@ -164,6 +167,57 @@ def _emit_json(value: Any) -> None:
 # -- subcommands ------------------------------------------------------------
 
 
+_LS_HEADERS = (
+    "KEY",
+    "TAG",
+    "ENTRIES",
+    "PIECES",
+    "RANGES",
+    "COMPILER",
+    "SIZE",
+    "LAST USE",
+    "SIGNED BY",
+)
+"""The columns of ``fxpiece cache ls``."""
+
+
+def _ls_row(m: ModelInfo, now: float) -> list[Any]:
+    """One model's row of the ``cache ls`` table (columns: ``_LS_HEADERS``)."""
+    return [
+        m.key[:12],
+        m.tag,
+        len(m.entries),
+        ",".join(map(str, m.pieces)) or "-",
+        " ".join(m.ranges) or "-",
+        ",".join(m.compilers) or "-",
+        format_bytes(m.artifact_bytes)
+        + (f" ({m.missing_artifacts} missing)" if m.missing_artifacts else ""),
+        _when(m.last_use, now),
+        ",".join(m.signers) or "-",
+    ]
+
+
+def _ls_notes(listing: CacheListing) -> Iterator[str]:
+    """The lines ``cache ls`` prints after its table: what is not a model's
+    (unreferenced, quarantined, temp files), then every warning."""
+    if listing.orphans:
+        size = format_bytes(sum(o.size for o in listing.orphans))
+        yield f"unreferenced artifacts: {len(listing.orphans)} ({size}); prune removes them first"
+    if listing.quarantined:
+        size = format_bytes(sum(q.size for q in listing.quarantined))
+        yield (
+            f"quarantined (moved aside as corrupt): {len(listing.quarantined)} ({size}); "
+            "delete them once inspected"
+        )
+    if listing.temps:
+        yield f"being written: {len(listing.temps)} temp file(s)"
+    for m in listing.models:
+        for p in m.problems:
+            yield f"warning: {p}"
+    for p in listing.problems:
+        yield f"warning: {p}"
+
+
 def _cmd_ls(a: argparse.Namespace) -> int:
     from fxpiece.cache.admin import list_cache
 
@@ -177,54 +231,10 @@ def _cmd_ls(a: argparse.Namespace) -> int:
         f"{len(listing.artifacts)} artifact(s) ({format_bytes(listing.total_artifact_bytes)})"
     )
     if listing.models:
-        rows = [
-            [
-                m.key[:12],
-                m.tag,
-                len(m.entries),
-                ",".join(map(str, m.pieces)) or "-",
-                " ".join(m.ranges) or "-",
-                ",".join(m.compilers) or "-",
-                format_bytes(m.artifact_bytes)
-                + (f" ({m.missing_artifacts} missing)" if m.missing_artifacts else ""),
-                _when(m.last_use, now),
-                ",".join(m.signers) or "-",
-            ]
-            for m in listing.models
-        ]
-        print(
-            _table(
-                [
-                    "KEY",
-                    "TAG",
-                    "ENTRIES",
-                    "PIECES",
-                    "RANGES",
-                    "COMPILER",
-                    "SIZE",
-                    "LAST USE",
-                    "SIGNED BY",
-                ],
-                rows,
-                right=(2,),
-            )
-        )
-    if listing.orphans:
-        size = format_bytes(sum(o.size for o in listing.orphans))
-        print(f"unreferenced artifacts: {len(listing.orphans)} ({size}); prune removes them first")
-    if listing.quarantined:
-        size = format_bytes(sum(q.size for q in listing.quarantined))
-        print(
-            f"quarantined (moved aside as corrupt): {len(listing.quarantined)} ({size}); "
-            "delete them once inspected"
-        )
-    if listing.temps:
-        print(f"being written: {len(listing.temps)} temp file(s)")
-    for m in listing.models:
-        for p in m.problems:
-            print(f"warning: {p}")
-    for p in listing.problems:
-        print(f"warning: {p}")
+        rows = [_ls_row(m, now) for m in listing.models]
+        print(_table(_LS_HEADERS, rows, right=(2,)))
+    for line in _ls_notes(listing):
+        print(line)
     return 0
 
 
@@ -505,13 +515,24 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="fxpiece",
-        description="fxpiece: a piecewise torch.compile backend and its compile cache",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("demo", help="compile a toy Llama piecewise, cold and warm", add_help=False)
+_ROOT_HELP = "cache root (default: FXPIECE_CACHE_ROOT, else ~/.cache/fxpiece)"
+
+
+def _add_command(
+    sub: argparse._SubParsersAction[_Parser],
+    name: str,
+    help: str,
+    fn: Callable[[argparse.Namespace], int],
+) -> argparse.ArgumentParser:
+    """Add subcommand ``name`` to ``sub``: it takes ``--json`` and runs ``fn``."""
+    p = sub.add_parser(name, help=help, description=help)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=fn)
+    return p
+
+
+def _add_bench_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """``fxpiece bench hash`` (its options are parsed by :mod:`fxpiece.bench_hash`)."""
     bench = sub.add_parser("bench", help="benchmarks")
     bs = bench.add_subparsers(dest="bench_command", required=True, metavar="SUBCOMMAND")
     bs.add_parser(
@@ -519,46 +540,57 @@ def _parser() -> argparse.ArgumentParser:
         help="hash files the fxpiece way vs the reference way vs the read floor",
         add_help=False,
     )
-    cache = sub.add_parser("cache", help="inspect and operate the compile cache")
-    cs = cache.add_subparsers(dest="cache_command", required=True, metavar="SUBCOMMAND")
-    root_help = "cache root (default: FXPIECE_CACHE_ROOT, else ~/.cache/fxpiece)"
 
-    def add(
-        name: str, help: str, fn: Callable[[argparse.Namespace], int]
-    ) -> argparse.ArgumentParser:
-        p = cs.add_parser(name, help=help, description=help)
-        p.add_argument("--json", action="store_true", help="print JSON")
-        p.set_defaults(func=fn)
-        return p
 
-    p = add("ls", "list models: keys, pieces, ranges, sizes on disk, last use", _cmd_ls)
-    p.add_argument("root", nargs="?", metavar="ROOT", help=root_help)
+def _add_ls_parser(cs: argparse._SubParsersAction[_Parser]) -> None:
+    """``fxpiece cache ls``."""
+    p = _add_command(
+        cs, "ls", "list models: keys, pieces, ranges, sizes on disk, last use", _cmd_ls
+    )
+    p.add_argument("root", nargs="?", metavar="ROOT", help=_ROOT_HELP)
 
-    p = add("explain", "which cache-key factors differ between two keys or folders", _cmd_explain)
+
+def _add_explain_parser(cs: argparse._SubParsersAction[_Parser]) -> None:
+    """``fxpiece cache explain``."""
+    p = _add_command(
+        cs, "explain", "which cache-key factors differ between two keys or folders", _cmd_explain
+    )
     p.add_argument("a", metavar="A", help="a model folder, or a key prefix (optionally KEY/TAG)")
     p.add_argument("b", metavar="B", help="the other one")
-    p.add_argument("--root", help=f"where to look up key prefixes; {root_help}")
+    p.add_argument("--root", help=f"where to look up key prefixes; {_ROOT_HELP}")
 
-    p = add("verify", "check every index and artifact checksum", _cmd_verify)
-    p.add_argument("root", nargs="?", metavar="ROOT", help=root_help)
+
+def _add_verify_parser(cs: argparse._SubParsersAction[_Parser]) -> None:
+    """``fxpiece cache verify``."""
+    p = _add_command(cs, "verify", "check every index and artifact checksum", _cmd_verify)
+    p.add_argument("root", nargs="?", metavar="ROOT", help=_ROOT_HELP)
     p.add_argument(
         "--repair",
         action="store_true",
         help="move bad files aside (*.corrupt-<time>, never deleted) and drop their entries",
     )
 
-    p = add("prune", "remove least recently used artifacts", _cmd_prune)
+
+def _add_prune_parser(cs: argparse._SubParsersAction[_Parser]) -> None:
+    """``fxpiece cache prune`` (its parser is kept: :func:`main` checks that
+    a limit is given)."""
+    p = _add_command(cs, "prune", "remove least recently used artifacts", _cmd_prune)
     p.set_defaults(parser=p)
-    p.add_argument("root", nargs="?", metavar="ROOT", help=root_help)
+    p.add_argument("root", nargs="?", metavar="ROOT", help=_ROOT_HELP)
     p.add_argument("--max-size", type=parse_size, metavar="SIZE", help="e.g. 10G, 500M, 1024")
     p.add_argument("--older-than", type=parse_age, metavar="AGE", help="e.g. 7d, 12h, 30m")
     p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
 
-    p = add("pack", "write the cache into one archive with a checksummed manifest", _cmd_pack)
+
+def _add_pack_parsers(cs: argparse._SubParsersAction[_Parser]) -> None:
+    """``fxpiece cache pack`` and ``unpack``."""
+    p = _add_command(
+        cs, "pack", "write the cache into one archive with a checksummed manifest", _cmd_pack
+    )
     p.add_argument("root", metavar="ROOT", help="the cache root to pack")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help=".tar, .tar.gz, .tgz...")
 
-    p = add("unpack", "verify an archive and unpack it into a cache root", _cmd_unpack)
+    p = _add_command(cs, "unpack", "verify an archive and unpack it into a cache root", _cmd_unpack)
     p.add_argument("file", metavar="FILE", help="an archive written by `fxpiece cache pack`")
     p.add_argument("root", metavar="ROOT", help="the cache root to unpack into")
     p.add_argument(
@@ -569,6 +601,9 @@ def _parser() -> argparse.ArgumentParser:
         help="also accept artifacts signed by KEY (ed25519:...), for this unpack only",
     )
 
+
+def _add_remote_parsers(cs: argparse._SubParsersAction[_Parser]) -> None:
+    """``fxpiece cache push`` and ``pull``."""
     for name, what, fn in (
         (
             "push",
@@ -577,33 +612,51 @@ def _parser() -> argparse.ArgumentParser:
         ),
         ("pull", "copy a remote cache's artifacts and entries into ROOT, each checked", _cmd_pull),
     ):
-        p = add(name, what, fn)
+        p = _add_command(cs, name, what, fn)
         p.add_argument("root", metavar="ROOT", help="the cache root")
         p.add_argument("url", metavar="URL", help="the remote cache, e.g. redis://host:6379/0")
 
+
+def _add_cache_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """``fxpiece cache`` and its subcommands."""
+    cache = sub.add_parser("cache", help="inspect and operate the compile cache")
+    cs = cache.add_subparsers(dest="cache_command", required=True, metavar="SUBCOMMAND")
+    _add_ls_parser(cs)
+    _add_explain_parser(cs)
+    _add_verify_parser(cs)
+    _add_prune_parser(cs)
+    _add_pack_parsers(cs)
+    _add_remote_parsers(cs)
+
+
+def _add_key_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """``fxpiece key`` and its subcommands."""
     key = sub.add_parser("key", help="this builder's signing key and the keys it trusts")
     ks = key.add_subparsers(dest="key_command", required=True, metavar="SUBCOMMAND")
-
-    def add_key(
-        name: str, help: str, fn: Callable[[argparse.Namespace], int]
-    ) -> argparse.ArgumentParser:
-        p = ks.add_parser(name, help=help, description=help)
-        p.add_argument("--json", action="store_true", help="print JSON")
-        p.set_defaults(func=fn)
-        return p
-
-    p = add_key(
-        "new", "make a signing key (FXPIECE_KEY_FILE, else ~/.config/fxpiece/key)", _cmd_key_new
+    p = _add_command(
+        ks, "new", "make a signing key (FXPIECE_KEY_FILE, else ~/.config/fxpiece/key)", _cmd_key_new
     )
     p.add_argument("--force", action="store_true", help="replace an existing key")
-    add_key("show", "print the public key and the trusted and revoked keys", _cmd_key_show)
+    _add_command(ks, "show", "print the public key and the trusted and revoked keys", _cmd_key_show)
     for name, help in (
         ("trust", "trust another builder's key (adds it to the trusted-keys file)"),
         ("revoke", "refuse a key everywhere, even your own (in the trusted-keys file)"),
     ):
-        p = add_key(name, help, _cmd_key_trust)
+        p = _add_command(ks, name, help, _cmd_key_trust)
         p.add_argument("key", type=_public_key_arg, metavar="KEY", help="ed25519:<base64url>")
         p.add_argument("--label", default="", help="a note kept after the key")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="fxpiece",
+        description="fxpiece: a piecewise torch.compile backend and its compile cache",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("demo", help="compile a toy Llama piecewise, cold and warm", add_help=False)
+    _add_bench_parser(sub)
+    _add_cache_parser(sub)
+    _add_key_parser(sub)
     return parser
 
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -85,6 +85,41 @@ def _latency(fn: Any, ids: Any, reps: int) -> float:
     return statistics.median(times)
 
 
+def _stock_inductor(
+    model: ToyLlama, cache_dir: str, mark_token_dim: Callable[[Any, int], None]
+) -> Callable[[Any], Any]:
+    """``model`` under stock ``torch.compile`` (Inductor, its cache under
+    ``cache_dir``), the token dimension of each input marked dynamic."""
+    import torch
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "stock-inductor")
+    stock = torch.compile(model, backend="inductor")
+
+    def compiled(x: Any) -> Any:
+        mark_token_dim(x, 0)
+        return stock(x)
+
+    return compiled
+
+
+def _fxpiece_figures(compiled: Any, first_call_s: float) -> dict[str, Any]:
+    """What an ``fxpiece.compile``-d model's stats say about its first call."""
+    stats = compiled.stats
+    c = stats.counters.snapshot()
+    g = stats.graphs[0]
+    return dict(
+        backend_s=stats.total_s,
+        compile_s=stats.compile_s,
+        load_s=stats.load_s,
+        dynamo_s=first_call_s - stats.total_s,
+        pieces=g.num_pieces,
+        compiled_pieces=g.num_compiled_pieces,
+        entries=[str(r) for r in compiled.backend.config.compile_entries],
+        counters=c,
+        start=compiled.start.path if compiled.start else None,
+    )
+
+
 def worker(
     mode: str,
     cache_dir: str,
@@ -121,12 +156,7 @@ def worker(
         )
         compiled.backend.progress = _progress
     elif mode == "inductor":
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "stock-inductor")
-        stock = torch.compile(model, backend="inductor")
-
-        def compiled(x: Any) -> Any:
-            _torch_compat.mark_token_dim(x, 0)
-            return stock(x)
+        compiled = _stock_inductor(model, cache_dir, _torch_compat.mark_token_dim)
     else:
         compiled = model
     t0 = time.perf_counter()
@@ -140,20 +170,7 @@ def worker(
     out["max_abs_diff"] = diff
     out["scale"] = ref.float().abs().max().item()
     if mode in ("fxpiece", "fxpiece-noaot"):
-        stats = compiled.stats
-        c = stats.counters.snapshot()
-        g = stats.graphs[0]
-        out.update(
-            backend_s=stats.total_s,
-            compile_s=stats.compile_s,
-            load_s=stats.load_s,
-            dynamo_s=out["first_call_s"] - stats.total_s,
-            pieces=g.num_pieces,
-            compiled_pieces=g.num_compiled_pieces,
-            entries=[str(r) for r in compiled.backend.config.compile_entries],
-            counters=c,
-            start=compiled.start.path if compiled.start else None,
-        )
+        out.update(_fxpiece_figures(compiled, out["first_call_s"]))
     sizes = [(str(n), torch.arange(n) % model.cfg.vocab_size) for n in latency_sizes]
     out["latency_s"] = {n: _latency(compiled, ids, reps) for n, ids in sizes}
     out["threads"] = torch.get_num_threads()
@@ -226,40 +243,30 @@ def _row(cells: Sequence[Any], widths: Sequence[int]) -> str:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["worker"]:
-        p = _parser()
-        p.add_argument("mode", choices=["fxpiece", "fxpiece-noaot", "inductor", "eager"])
-        a = p.parse_args(argv[1:])
-        res = worker(
-            a.mode,
-            a.cache_dir,
-            a.layers,
-            a.hidden,
-            a.dtype,
-            a.max_tokens,
-            a.latency_sizes,
-            a.reps,
-            a.threads,
-        )
-        print(json.dumps(res))
-        return 0
-    a = _parser().parse_args(argv)
-    cache_dir = a.cache_dir or tempfile.mkdtemp(prefix="fxpiece-demo-")
-    print(
-        f"fxpiece demo: toy Llama, {a.layers} layers, hidden {a.hidden}, {a.dtype}, "
-        f"split at {SPLIT_OP}; cache {cache_dir}"
+def _worker_main(argv: Sequence[str]) -> int:
+    """``python -m fxpiece.demo worker MODE ...``: one phase, its result as
+    one JSON line on stdout."""
+    p = _parser()
+    p.add_argument("mode", choices=["fxpiece", "fxpiece-noaot", "inductor", "eager"])
+    a = p.parse_args(argv)
+    res = worker(
+        a.mode,
+        a.cache_dir,
+        a.layers,
+        a.hidden,
+        a.dtype,
+        a.max_tokens,
+        a.latency_sizes,
+        a.reps,
+        a.threads,
     )
-    print("cold start (empty cache) ...", flush=True)
-    cold = run_phase("fxpiece", cache_dir, a)
-    print("warm start (fresh process, same cache) ...", flush=True)
-    warm = run_phase("fxpiece", cache_dir, a)
-    eager = run_phase("eager", cache_dir, a)
-    tol = 0.05 if a.dtype == "bfloat16" else 1e-3
-    ok = all(r["max_abs_diff"] <= tol * max(1.0, r["scale"]) for r in (cold, warm))
+    print(json.dumps(res))
+    return 0
+
+
+def _print_starts(cold: Mapping[str, Any], warm: Mapping[str, Any]) -> None:
+    """The pieces, then the cold and warm starts side by side."""
     w = [28, 12, 12]
-    print()
     print(
         f"pieces: {cold['pieces']} ({cold['compiled_pieces']} compiled, "
         f"{cold['pieces'] - cold['compiled_pieces']} split ops run eagerly); "
@@ -284,11 +291,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         _row(["max |out - eager|", f"{cold['max_abs_diff']:.3g}", f"{warm['max_abs_diff']:.3g}"], w)
     )
-    print()
-    print(_row(["tokens", "eager (ms)", "fxpiece (ms)", "speed vs eager"], [10, 12, 12, 14]))
+
+
+def _print_latency(warm: Mapping[str, Any], eager: Mapping[str, Any]) -> None:
+    """Latency per token count: eager vs the warm-started fxpiece model."""
+    w = [10, 12, 12, 14]
+    print(_row(["tokens", "eager (ms)", "fxpiece (ms)", "speed vs eager"], w))
     for n, t in warm["latency_s"].items():
         e = eager["latency_s"][n]
-        print(_row([n, f"{e * 1e3:.3f}", f"{t * 1e3:.3f}", f"{e / t:.2f}x"], [10, 12, 12, 14]))
+        print(_row([n, f"{e * 1e3:.3f}", f"{t * 1e3:.3f}", f"{e / t:.2f}x"], w))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["worker"]:
+        return _worker_main(argv[1:])
+    a = _parser().parse_args(argv)
+    cache_dir = a.cache_dir or tempfile.mkdtemp(prefix="fxpiece-demo-")
+    print(
+        f"fxpiece demo: toy Llama, {a.layers} layers, hidden {a.hidden}, {a.dtype}, "
+        f"split at {SPLIT_OP}; cache {cache_dir}"
+    )
+    print("cold start (empty cache) ...", flush=True)
+    cold = run_phase("fxpiece", cache_dir, a)
+    print("warm start (fresh process, same cache) ...", flush=True)
+    warm = run_phase("fxpiece", cache_dir, a)
+    eager = run_phase("eager", cache_dir, a)
+    tol = 0.05 if a.dtype == "bfloat16" else 1e-3
+    ok = all(r["max_abs_diff"] <= tol * max(1.0, r["scale"]) for r in (cold, warm))
+    print()
+    _print_starts(cold, warm)
+    print()
+    _print_latency(warm, eager)
     print()
     print("outputs match eager" if ok else "OUTPUTS DO NOT MATCH EAGER")
     return 0 if ok and warm["counters"]["num_inductor_compiles"] == 0 else 1

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fxpiece.cache.admin.scan import model_key, scan_cache
+from fxpiece.cache.admin.scan import ModelScan, model_key, scan_cache
 from fxpiece.cache.entries import Entry, RawKey, UnknownKey, decode_key, decode_value
 from fxpiece.cache.layout import KEY_DIR_LEN, CacheLayout
 from fxpiece.cache.model import ModelCache
@@ -285,6 +285,38 @@ class _Push:
         return True
 
 
+def _push_model(push: _Push, signer: BuilderKey, m: ModelScan, key: str) -> tuple[int, int]:
+    """Put each index entry of model ``m`` (full key ``key``) into its map on
+    the server, signed by ``signer``, an entry naming an artifact only once
+    that artifact's blob is there; (entries stored, entries already there)."""
+    pushed = present = 0
+    for ikey, value in m.entries:
+        entry = decode_value(decode_key(ikey), value)
+        if entry is None:
+            push.skipped.append(f"{m.rel} {list(ikey)}: not an entry")
+            continue
+        if isinstance(entry, Entry) and entry.names_artifact:
+            rel = entry.artifact
+            if rel is None:
+                push.skipped.append(f"{m.rel} {list(ikey)}: its handle points outside artifacts/")
+                continue
+            if not push.blob(rel):
+                push.skipped.append(f"{m.rel} {list(ikey)}: its artifact stayed behind")
+                continue
+        fname = entry_field(ikey)
+        signed = sign_entry(signer, key, m.tag, fname, value)
+        try:
+            stored = push.store.put_entry(m.tag, key, fname, encode_entry(signed), if_absent=True)
+        except BlobTooLargeError as e:
+            push.skipped.append(f"{m.rel} {list(ikey)}: {e.strerror}")
+            continue
+        if stored:
+            pushed += 1
+        else:
+            present += 1
+    return pushed, present
+
+
 def push_cache(
     root: str | os.PathLike[str], store: RemoteStore, *, keys: KeyRing | None = None
 ) -> PushResult:
@@ -311,32 +343,9 @@ def push_cache(
             )
             continue
         models += 1
-        for ikey, value in m.entries:
-            entry = decode_value(decode_key(ikey), value)
-            if entry is None:
-                push.skipped.append(f"{m.rel} {list(ikey)}: not an entry")
-                continue
-            if isinstance(entry, Entry) and entry.names_artifact:
-                rel = entry.artifact
-                if rel is None:
-                    push.skipped.append(
-                        f"{m.rel} {list(ikey)}: its handle points outside artifacts/"
-                    )
-                    continue
-                if not push.blob(rel):
-                    push.skipped.append(f"{m.rel} {list(ikey)}: its artifact stayed behind")
-                    continue
-            fname = entry_field(ikey)
-            signed = sign_entry(signer, key, m.tag, fname, value)
-            try:
-                stored = store.put_entry(m.tag, key, fname, encode_entry(signed), if_absent=True)
-            except BlobTooLargeError as e:
-                push.skipped.append(f"{m.rel} {list(ikey)}: {e.strerror}")
-                continue
-            if stored:
-                entries_pushed += 1
-            else:
-                entries_present += 1
+        pushed, present = _push_model(push, signer, m, key)
+        entries_pushed += pushed
+        entries_present += present
     return PushResult(
         scan.root,
         store.url,

@@ -759,67 +759,80 @@ def implementation_uuids(gm: torch.fx.GraphModule) -> dict[str, str]:
     return implementation_sources(gm)[1]
 
 
+def _add_implementation(
+    fn: Any, label: str, torch_dir: str, files: set[str], uuids: dict[str, str]
+) -> None:
+    """Record ``fn``, an implementation behind ``label``: its ``uuid()`` into
+    ``uuids``, else its source file into ``files`` (torch's own: nothing). A
+    function outside torch with neither is a :class:`~fxpiece.ConfigError`."""
+    path = _source_file(fn)
+    if path is not None and path.startswith(torch_dir):
+        return
+    uuid = _uuid_of(fn)
+    if uuid is not None:
+        uuids[label] = uuid
+    elif path is not None:
+        files.add(path)
+    elif isinstance(fn, types.FunctionType) and not str(fn.__module__).startswith("torch"):
+        raise _no_source(label, f"implementation {fn.__qualname__}")
+
+
+def _add_dispatcher_kernels(
+    op: torch._ops.OpOverload, torch_dir: str, files: set[str], uuids: dict[str, str]
+) -> None:
+    """Record the dispatcher's Python kernels of ``op`` (their files, or the
+    ``uuid()`` of one without a file) and the functions they call, as
+    :func:`_add_implementation` does. Outside the core namespaces, a kernel
+    that cannot be inspected is a :class:`~fxpiece.ConfigError`."""
+    from fxpiece.piecewise._torch_compat.registrations import CORE_NAMESPACES, dispatcher_impls
+
+    ns = op.namespace
+    try:
+        impls = list(dispatcher_impls(op))
+    except (TypeError, RuntimeError) as e:
+        if ns in CORE_NAMESPACES:
+            return
+        raise _no_source(op.name(), f"a Python kernel that cannot be inspected ({e})") from e  # type: ignore[no-untyped-call]
+    for impl in impls:
+        label = f"{impl.op} ({impl.key})"
+        if impl.code is None:
+            if ns not in CORE_NAMESPACES:
+                raise _no_source(label, "a kernel that is not a Python function")
+            continue
+        path = _code_file(impl.code)
+        if path is not None and not path.startswith(torch_dir):
+            files.add(path)
+        elif path is None:
+            fn = _function_of(impl.code)
+            uuid = _uuid_of(fn) if fn is not None else None
+            if uuid is None:
+                raise _no_source(label, f"kernel {impl.code.co_name}")
+            uuids[label] = uuid
+        for fn in impl.functions:
+            _add_implementation(fn, label, torch_dir, files, uuids)
+
+
 def implementation_sources(gm: torch.fx.GraphModule) -> tuple[set[str], dict[str, str]]:
     """(files, ``{op/key: uuid}``) of every Python implementation behind
     what ``gm`` calls; see :func:`implementation_files`."""
-    from fxpiece.piecewise._torch_compat.registrations import CORE_NAMESPACES, dispatcher_impls
-
     torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
     out: set[str] = set()
     uuids: dict[str, str] = {}
     seen: set[int] = set()
-
-    def add(fn: Any, label: str) -> None:
-        path = _source_file(fn)
-        if path is not None and path.startswith(torch_dir):
-            return
-        uuid = _uuid_of(fn)
-        if uuid is not None:
-            uuids[label] = uuid
-        elif path is not None:
-            out.add(path)
-        elif isinstance(fn, types.FunctionType) and not str(fn.__module__).startswith("torch"):
-            raise _no_source(label, f"implementation {fn.__qualname__}")
-
     for t in _graph_targets(gm):
         if id(t) in seen:
             continue
         seen.add(id(t))
         if not isinstance(t, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
-            add(t, getattr(t, "__qualname__", repr(t)))
+            _add_implementation(t, getattr(t, "__qualname__", repr(t)), torch_dir, out, uuids)
             continue
         for fn in _op_implementations(t):
-            add(fn, str(t))
+            _add_implementation(fn, str(t), torch_dir, out, uuids)
         ops = (
             [t] if isinstance(t, torch._ops.OpOverload) else [getattr(t, n) for n in t.overloads()]  # type: ignore[no-untyped-call]
         )
         for op in ops:
-            ns = op.namespace
-            try:
-                impls = list(dispatcher_impls(op))
-            except (TypeError, RuntimeError) as e:
-                if ns in CORE_NAMESPACES:
-                    continue
-                raise _no_source(
-                    op.name(), f"a Python kernel that cannot be inspected ({e})"
-                ) from e
-            for impl in impls:
-                label = f"{impl.op} ({impl.key})"
-                if impl.code is None:
-                    if ns not in CORE_NAMESPACES:
-                        raise _no_source(label, "a kernel that is not a Python function")
-                    continue
-                path = _code_file(impl.code)
-                if path is not None and not path.startswith(torch_dir):
-                    out.add(path)
-                elif path is None:
-                    fn = _function_of(impl.code)
-                    uuid = _uuid_of(fn) if fn is not None else None
-                    if uuid is None:
-                        raise _no_source(label, f"kernel {impl.code.co_name}")
-                    uuids[label] = uuid
-                for fn in impl.functions:
-                    add(fn, label)
+            _add_dispatcher_kernels(op, torch_dir, out, uuids)
     return out, uuids
 
 

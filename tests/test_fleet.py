@@ -268,6 +268,29 @@ def test_a_full_redis_is_one_warning_and_a_local_cache(fleet: Fleet, tmp_path: P
     same_outputs(again, fleet.cold)
 
 
+@pytest.mark.slow
+def test_a_complete_local_root_asks_redis_nothing(fleet: Fleet) -> None:
+    """A host whose own root holds every piece sends Redis no request on its
+    next start (3 layers: the two middle pieces are identical, indexed once,
+    and that is not a local miss)."""
+    trusted = fleet.trusted("c")
+    c = fleet.run("c", 7, trusted=trusted, home="complete", layers=3)
+    assert c["diff"]["num_inductor_compiles"] == 3, c["diff"]
+    assert c["compiled"] == 3 and c["loaded"] == 0
+    client = redis.Redis.from_url(fleet.server.db_url(7))
+    try:
+        before = client.info("stats")["total_commands_processed"]
+        again = fleet.run("c", 7, trusted=trusted, home="complete", layers=3)
+        asked = client.info("stats")["total_commands_processed"] - before - 1  # that INFO
+    finally:
+        client.close()
+    assert again["diff"].get("num_inductor_compiles", 0) == 0, again["diff"]
+    assert again["diff"].get("num_remote_hits", 0) == 0
+    assert asked == 0, f"{asked} requests to Redis on a warm start from a complete root"
+    for n in SIZES:
+        torch.testing.assert_close(again["outs"][n], c["outs"][n], rtol=0, atol=0)
+
+
 def _plant(fleet: Fleet, db: int, marker: Path) -> int:
     """Copy database 1 (A's pushes) to ``db``, then overwrite every blob
     there with a pickle that creates ``marker`` when loaded, with a valid

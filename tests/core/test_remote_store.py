@@ -122,12 +122,44 @@ def test_blob_limit_refuses_writes_and_bounds_reads(redis_server: RedisServer) -
             small.get_blob(digest(4))
 
 
+def test_get_blobs_is_get_blob_for_many(store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Present blobs map to their bytes (across several reply batches),
+    absent ones are left out, duplicates asked once."""
+    from fxpiece.remote import redis_store
+
+    monkeypatch.setattr(redis_store, "_BATCH_BYTES", 100_000)  # 3 blobs per batch
+    blobs = {digest(500 + i): os.urandom(30_000 + i) for i in range(8)}
+    for d, data in blobs.items():
+        assert store.put_blob(d, data)
+    asked = [*blobs, digest(9999), next(iter(blobs))]
+    got = store.get_blobs(asked)
+    assert got == blobs
+    assert got == {d: store.get_blob(d) for d in blobs}
+    assert store.get_blobs([]) == {}
+
+
+def test_get_blobs_refuses_a_blob_over_the_limit_alone(redis_server: RedisServer) -> None:
+    cfg = _config(max_blob_bytes=1000)
+    big = RemoteConfig(key_prefix=cfg.key_prefix, max_blob_bytes=1 << 20)
+    with RedisStore(redis_server.url, big) as other:
+        assert other.put_blob(digest(600), b"y" * 5000)
+        assert other.put_blob(digest(601), b"small")
+    with RedisStore(redis_server.url, cfg) as small:
+        got = small.get_blobs([digest(600), digest(601)])
+    assert got[digest(601)] == b"small"
+    err = got[digest(600)]
+    assert isinstance(err, BlobTooLargeError) and err.errno == errno.EFBIG
+    assert "5000 bytes, over the 1000-byte limit" in str(err)
+
+
 def test_bad_names_are_value_errors(store: RedisStore) -> None:
     for bad in ("", "ABC", "../x", "g" * 4, "a" * 129):
         with pytest.raises(ValueError):
             store.put_blob(bad, b"x")
     with pytest.raises(ValueError):
         store.put_entry("../etc", KEY, "f", b"v")
+    with pytest.raises(ValueError):
+        store.get_blobs([digest(1), "ABC"])
     with pytest.raises(ValueError):
         store.entries("tag", "not-hex")
     with pytest.raises(ValueError):
@@ -325,7 +357,11 @@ def test_stopped_server_times_out_then_recovers(own_server: Callable[..., RedisS
     assert s.put_blob(digest(7), b"kept")
     server.signal(signal.SIGSTOP)
     try:
-        for call in (lambda: s.get_blob(digest(7)), lambda: s.acquire_lease("p", 5)):
+        for call in (
+            lambda: s.get_blob(digest(7)),
+            lambda: s.get_blobs([digest(7)]),
+            lambda: s.acquire_lease("p", 5),
+        ):
             err, took = _timed(call)
             assert isinstance(err, RemoteUnavailableError), err
             assert err.errno == errno.ETIMEDOUT

@@ -286,7 +286,9 @@ class RemoteTier:
         strategy's step."""
         self._kernels = resolver.kernels
         if mc is not None:
-            missing = [w.key for w in work if not _has(mc, w)]
+            # A piece identical to an indexed one (another layer) loads from it.
+            have = {w.digest for w in work if _has(mc, w)}
+            missing = [w.key for w in work if w.digest not in have]
             if missing and self.fetch(mc, missing):
                 resolver.kernels.restore(mc)
         self.local.before(resolver, work, mc)
@@ -393,17 +395,43 @@ class RemoteTier:
                 self._refused(f"entry {fname[:80]} of {tag} does not name its digest's artifact")
                 continue
             entries.append((ik, value))
-        # The blobs are independent: fetched, checked and written (fsync) a
-        # few at a time, so a warm start does not wait for each in turn.
-        digests = sorted({entry.digest for _, entry in entries})
-        with ThreadPoolExecutor(min(_PULLERS, max(1, len(digests)))) as pool:
-            pulled = pool.map(lambda d: self._pull_artifact(mc, d), digests)
-            handles = dict(zip(digests, pulled, strict=True))
+        handles = self._pull_artifacts(mc, sorted({entry.digest for _, entry in entries}))
         for ik, entry in entries:
-            handle = handles[entry.digest]
+            handle = handles.get(entry.digest)
             if handle is not None:
                 out.append((ik, Entry(entry.digest, handle, entry.files)))
         return out
+
+    def _pull_artifacts(self, mc: ModelCache, digests: list[str]) -> dict[str, dict[str, Any]]:
+        """The local handles of ``digests``' artifacts: the ones here, and the
+        rest pulled from the store in one request (see
+        :meth:`~fxpiece.remote.RemoteStore.get_blobs`) and stored here if
+        each passes every check."""
+        handles: dict[str, dict[str, Any]] = {}
+        missing = []
+        for d in digests:
+            have = mc.artifacts.existing(d)
+            if have is not None:
+                handles[d] = have
+            else:
+                missing.append(d)
+        if not missing or self.down or mc.readonly:
+            return handles
+        try:
+            blobs = self.store.get_blobs(missing)
+        except RemoteUnavailableError as e:
+            self.unavailable(e)
+            return handles
+        except ValueError:
+            return handles  # not digests the store can name
+        # Checked and written (fsync) a few at a time: the checks release
+        # the GIL, the writes wait for the disk.
+        with ThreadPoolExecutor(min(_PULLERS, max(1, len(blobs)))) as pool:
+            stored = pool.map(lambda d: self._store_blob(mc, d, blobs[d]), sorted(blobs))
+            for d, handle in zip(sorted(blobs), stored, strict=True):
+                if handle is not None:
+                    handles[d] = handle
+        return handles
 
     def _pull_artifact(self, mc: ModelCache, digest: str) -> dict[str, Any] | None:
         """The local handle of ``digest``'s artifact, pulled from the store
@@ -411,7 +439,6 @@ class RemoteTier:
         have = mc.artifacts.existing(digest)
         if have is not None or self.down or mc.readonly:
             return have
-        where = f"{self.store.url} blob {digest[:16]}.."
         try:
             data = self.store.get_blob(digest)
         except BlobTooLargeError as e:
@@ -422,8 +449,18 @@ class RemoteTier:
             return None
         except ValueError:
             return None  # not a digest the store can name
-        if data is None:
+        return None if data is None else self._store_blob(mc, digest, data)
+
+    def _store_blob(
+        self, mc: ModelCache, digest: str, data: bytes | BlobTooLargeError
+    ) -> dict[str, Any] | None:
+        """Store the blob pulled for ``digest`` here if it decodes as the
+        artifact bound to ``digest`` with a trusted signature; its handle,
+        else ``None`` (refused: counted, warned once)."""
+        if isinstance(data, BlobTooLargeError):
+            self._refused(data.strerror or str(data))
             return None
+        where = f"{self.store.url} blob {digest[:16]}.."
         try:
             art = decode_artifact(
                 data, where, digest, trusted=mc.artifacts.trusted_keys(), unsigned_ok=False

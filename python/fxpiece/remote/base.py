@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from fxpiece.errors import ConfigError
+from fxpiece.errors import BlobTooLargeError, ConfigError
 
 __all__ = [
     "REDIS_STRING_LIMIT",
@@ -159,6 +159,13 @@ class RemoteStore(Protocol):
     def get_blob(self, digest: str) -> bytes | None:
         """The blob stored under ``digest``, or ``None``. One larger than
         ``max_blob_bytes`` raises ``BlobTooLargeError`` (not read whole)."""
+        ...
+
+    def get_blobs(self, digests: Sequence[str]) -> dict[str, bytes | BlobTooLargeError]:
+        """The blobs stored under ``digests``, in as few requests as the store
+        allows (a warm start pulls a model's pieces at once): each present
+        one maps to its bytes, or to the ``BlobTooLargeError`` it would
+        raise alone (not read); an absent one is left out."""
         ...
 
     def put_blob(self, digest: str, data: bytes) -> bool:

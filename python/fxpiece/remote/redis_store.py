@@ -24,7 +24,7 @@ import errno
 import os
 import secrets
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import unquote, urlsplit
@@ -46,6 +46,10 @@ __all__ = ["SCHEMES", "RedisStore", "check_url", "redact_url"]
 SCHEMES = ("redis", "rediss", "unix")
 """URL schemes :class:`RedisStore` opens (``redis://host:port/db``,
 ``rediss://`` for TLS, ``unix:///path/to/socket?db=0``)."""
+
+_BATCH_BYTES = 64 << 20
+"""Most bytes of blobs :meth:`RedisStore.get_blobs` asks for in one request
+(one larger blob goes alone)."""
 
 # KEYS[1] = the lease; ARGV[1] = our token; ARGV[2] = the new ttl in ms.
 _RENEW = """
@@ -267,6 +271,49 @@ class RedisStore:
         if len(data) > limit:
             raise self._too_large(f"blob {digest[:16]}", len(data), limit)
         return bytes(data)
+
+    def get_blobs(self, digests: Sequence[str]) -> dict[str, bytes | BlobTooLargeError]:
+        # One request for every length, then the blobs in as few requests as
+        # keep each reply under _BATCH_BYTES (a blob over the limit is never
+        # read). Blobs are never replaced (SET NX), so a length read first
+        # still holds; one evicted in between reads empty: left out.
+        names = {d: self._blob_prefix + check_digest(d) for d in dict.fromkeys(digests)}
+        limit = self.config.max_blob_bytes
+        with self._guard(f"get {len(names)} blobs"):
+            pipe = self._r.pipeline(transaction=False)
+            for name in names.values():
+                pipe.strlen(name)
+            sizes = dict(zip(names, pipe.execute(), strict=True))
+            out: dict[str, bytes | BlobTooLargeError] = {}
+            batch: list[str] = []
+            budget = 0
+            for d, n in sizes.items():
+                if n > limit:
+                    out[d] = self._too_large(f"blob {d[:16]}", n, limit)
+                elif n > 0:
+                    if batch and budget + n > _BATCH_BYTES:
+                        out.update(self._read_blobs(batch, names, limit))
+                        batch, budget = [], 0
+                    batch.append(d)
+                    budget += n
+            out.update(self._read_blobs(batch, names, limit))
+        return out
+
+    def _read_blobs(
+        self, batch: list[str], names: dict[str, str], limit: int
+    ) -> dict[str, bytes | BlobTooLargeError]:
+        if not batch:
+            return {}
+        pipe = self._r.pipeline(transaction=False)
+        for d in batch:
+            pipe.getrange(names[d], 0, limit)  # at most limit + 1 bytes
+        out: dict[str, bytes | BlobTooLargeError] = {}
+        for d, data in zip(batch, pipe.execute(), strict=True):
+            if len(data) > limit:
+                out[d] = self._too_large(f"blob {d[:16]}", len(data), limit)
+            elif data:
+                out[d] = bytes(data)
+        return out
 
     def put_blob(self, digest: str, data: bytes) -> bool:
         name = self._blob_prefix + check_digest(digest)

@@ -18,7 +18,8 @@ hidden 1024, BF16):
   time): the first ``generate`` cold and warm (median of ``--starts``
   processes) vs stock ``torch.compile`` (target: warm <= 0.6x), and a
   second ``generate`` (steady state);
-- ``--only peers`` (or ``peers-large``): the warm start of fxpiece against
+- ``--only peers`` (or ``peers-large``, or ``peers-hf``: HF ``generate()``,
+  benches/hf_peers.py, with the torch paths that can serve it): the warm start of fxpiece against
   every warm path torch itself offers (issue 25): stock ``torch.compile``
   with warm caches, ``torch.compiler.precompile``, ``aot_compile`` +
   ``load_compiled_function``, ``standalone_compile`` +
@@ -29,7 +30,7 @@ hidden 1024, BF16):
   process to the first output, as ratios to fxpiece's (median of
   ``--starts``, default 3; peers interleaved).
 
-    python benches/bench_startup.py [--only toy|large|hf|peers|peers-large] [--reps 100]
+    python benches/bench_startup.py [--only toy|large|hf|peers|peers-large|peers-hf] [--reps 100]
         [--starts 5] [--peers fxpiece,aoti,eager] [--folders warm,empty]
 """
 
@@ -46,6 +47,8 @@ import time
 from pathlib import Path
 from statistics import median
 from typing import Any
+
+import hf_peers
 
 from fxpiece.demo import run_json, run_phase
 
@@ -203,6 +206,7 @@ def bench_hf(starts: int) -> None:
 # -- Peers: fxpiece's warm start against torch's own warm paths (issue 25) --
 
 PEERS_WORKER = Path(__file__).resolve().parent / "startup_peers.py"
+HF_WORKER = Path(__file__).resolve().parent / "hf_peers.py"
 PEER_LABELS = {
     "fxpiece": "fxpiece AOT start",
     "fxpiece-noaot": "fxpiece aot=False (Dynamo traces)",
@@ -224,11 +228,14 @@ BF16_TOL = 0.05
 def peer_start(
     peer: str, phase: str, work: Path, inductor_dir: Path, layers: int, hidden: int
 ) -> dict[str, Any]:
-    """One fresh process of benches/startup_peers.py; its JSON line, or
+    """One fresh process of benches/startup_peers.py (``layers`` 0: of
+    benches/hf_peers.py, the HF ``generate()`` model); its JSON line, or
     ``{"skip": reason}`` when it failed (its stderr is kept in a log)."""
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(inductor_dir))
-    cmd = [sys.executable, str(PEERS_WORKER), peer, phase, "--work", str(work)]
-    cmd += ["--layers", str(layers), "--hidden", str(hidden)]
+    worker = HF_WORKER if layers == 0 else PEERS_WORKER
+    cmd = [sys.executable, str(worker), peer, phase, "--work", str(work)]
+    if layers:
+        cmd += ["--layers", str(layers), "--hidden", str(hidden)]
     logs = work / "logs"
     logs.mkdir(exist_ok=True)
     log = logs / f"{peer}-{phase}-{len(list(logs.iterdir()))}.log"
@@ -254,13 +261,16 @@ def bench_peers(name: str, layers: int, hidden: int, a: argparse.Namespace) -> N
     starts = a.starts or 3
     peers = [p for p in PEER_LABELS if a.peers is None or p in a.peers]
     work = Path(tempfile.mkdtemp(prefix=f"fxpiece-bench-peers-{name}-"))
-    print(
-        f"\n== peers, {name}: Llama {layers} layers, hidden {hidden}, bfloat16, 24 tokens; "
-        f"fresh processes; work folder {work}",
-        flush=True,
+    what = (
+        f"HF LlamaForCausalLM 2 layers, hidden 64, fp32, generate() {hf_peers.PROMPT} + "
+        f"{hf_peers.NEW_TOKENS} tokens"
+        if layers == 0
+        else f"Llama {layers} layers, hidden {hidden}, bfloat16, 24 tokens"
     )
+    print(f"\n== peers, {name}: {what}; fresh processes; work folder {work}", flush=True)
     warm_dir = {p: work / "inductor" / p for p in peers}
-    skipped: dict[str, str] = {}
+    # The peers that cannot serve generate() are not started (the reason is printed).
+    skipped = {p: why for p, why in hf_peers.UNSERVED.items() if layers == 0 and p in peers}
     wrong: list[str] = []
     print("cold / prepare step (once per peer, Inductor's folder empty; not a warm start):")
     for p in peers:
@@ -326,7 +336,9 @@ def bench_peers(name: str, layers: int, hidden: int, a: argparse.Namespace) -> N
                 for r in rs
                 if not _out_ok(r)
             ]
-            if p == "eager" and any(r["dynamo_imported"] or r["fxpiece_imported"] for r in rs):
+            if p == "eager" and any(r["fxpiece_imported"] for r in rs):
+                wrong.append("eager (the floor) imported fxpiece")
+            if p == "eager" and layers and any(r["dynamo_imported"] for r in rs):
                 wrong.append("eager (the floor) imported torch._dynamo or fxpiece")
             if p.startswith("fxpiece"):
                 med[p]["compiles"] = max(r["inductor_compiles"] for r in rs)
@@ -360,6 +372,14 @@ def bench_peers(name: str, layers: int, hidden: int, a: argparse.Namespace) -> N
                     f"{m['compile_fx']:.0f} of {m['starts']:.0f} starts"
                 )
         aoti, eager = med.get("aoti"), med.get("eager")
+        if fx and layers == 0:
+            best = min((m["both"], p) for p, m in med.items() if p in ("stock", "megacache"))
+            q = fx["both"] / best[0]
+            print(
+                f"  AOTInductor cannot serve generate(); fxpiece compile() + first output vs "
+                f"the best torch path that can ({PEER_LABELS[best[1]]}): "
+                f"{fx['both']:.2f} vs {best[0]:.2f} s -> {q:.2f}x {verdict(q <= 1.0)}"
+            )
         if fx and aoti:
             q = fx["both"] / aoti["both"]
             print(
@@ -387,7 +407,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument(
         "--only",
-        choices=[*sorted(MODELS), "hf", "peers", "peers-large"],
+        choices=[*sorted(MODELS), "hf", "peers", "peers-large", "peers-hf"],
         help="one section (default: toy, large, hf, then peers on the toy)",
     )
     p.add_argument("--reps", type=int, default=100, help="timed calls per size and mode")
@@ -419,6 +439,8 @@ def main() -> None:
     for name, section in (("toy", "peers"), ("large", "peers-large")):
         if a.only == section or (a.only is None and section == "peers"):
             bench_peers(name, MODELS[name]["layers"], MODELS[name]["hidden"], a)
+    if a.only == "peers-hf":
+        bench_peers("hf", 0, 0, a)
 
 
 if __name__ == "__main__":

@@ -136,6 +136,80 @@ class Fleet:
         }
 
 
+FleetRow = tuple[int, dict[str, Any], dict[str, Any]]
+
+
+def _cold_and_floor(fleet: Fleet, sizes: list[int]) -> list[FleetRow]:
+    """For each fleet size N: N fresh hosts cold on database N, then again
+    warm (the floor), a line printed per N; (N, cold, floor)."""
+    rows = []
+    for n in sizes:
+        homes = [f"n{n}-host{i}" for i in range(n)]
+        cold = fleet.run(homes, n)
+        floor = fleet.run(homes, n)
+        rows.append((n, cold, floor))
+        print(
+            f"N={n}: wall {cold['wall']:.2f} s, compiles {cold['compiles']}, "
+            f"pulled {cold['remote_hits']}; warm floor {floor['wall']:.2f} s "
+            f"(compiles {floor['compiles']})",
+            flush=True,
+        )
+    return rows
+
+
+def _warm_starts(fleet: Fleet, n: int, reps: int) -> tuple[list[float], list[float]]:
+    """``reps`` pairs of one-process warm starts on database ``n``: from Redis
+    with an empty root, then from the warm root of host 0 of the fleet of
+    ``n``; the first call's seconds of each (from Redis, from local)."""
+    from_redis, from_local = [], []
+    for r in range(reps):
+        got = fleet.run([f"redis-warm-{r}"], n)  # empty root, a warm database
+        assert got["compiles"] == 0 and got["refused"] == got["errors"] == 0, got
+        from_redis.append(got["first_s"][0])
+        local = fleet.run([f"n{n}-host0"], n)  # the base's warm root
+        assert local["compiles"] == 0 and local["remote_hits"] == 0, local
+        from_local.append(local["first_s"][0])
+    return from_redis, from_local
+
+
+def _print_tables(rows: list[FleetRow]) -> None:
+    """The wall / floor / excess table and the cold per-host startup breakdown."""
+    base = rows[0][1]["wall"] - rows[0][2]["wall"]
+    print("\n hosts |  wall s  compiles | warm floor s | wall - floor  excess vs N=1")
+    for n, cold, floor in rows:
+        excess = cold["wall"] - floor["wall"]
+        print(
+            f"{n:6d} | {cold['wall']:7.2f}  {cold['compiles']:8d} | {floor['wall']:12.2f} | "
+            f"{excess:12.2f}  {excess / base:11.2f}x"
+        )
+    print("\nper-host startup breakdown, cold (mean over hosts, s):")
+    print(" hosts | " + "  ".join(f"{k[:-2]:>9s}" for k in BREAKDOWN))
+    for n, cold, _ in rows:
+        print(f"{n:6d} | " + "  ".join(f"{cold['breakdown'][k]:9.2f}" for k in BREAKDOWN))
+
+
+def _print_targets(
+    rows: list[FleetRow], from_redis: list[float], from_local: list[float], reps: int
+) -> None:
+    """The targets: excess, compiles, and a warm start from Redis vs from the local root."""
+    unique = rows[0][1]["compiles"]
+    base = rows[0][1]["wall"] - rows[0][2]["wall"]
+    worst = max((c["wall"] - f["wall"]) / base for _, c, f in rows)
+    same = all(c["compiles"] == unique for _, c, _ in rows)
+    redis_s, local_s = statistics.median(from_redis), statistics.median(from_local)
+    ratio = redis_s / local_s
+    print(
+        f"\nexcess (wall - warm floor) <= 1.3x N=1's for every N: {worst:.2f}x "
+        f"{'PASS' if worst <= 1.3 else 'FAIL'}; fleet compiles == unique pieces ({unique}) "
+        f"for every N: {'PASS' if same else 'FAIL'}"
+    )
+    print(
+        f"warm start from Redis, empty root: {redis_s:.3f} s vs from the local root "
+        f"{local_s:.3f} s (first call, median of {reps}): {ratio:.2f}x "
+        f"{'PASS' if ratio <= 1.2 else 'FAIL'} (target <= 1.2x)"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=4)
@@ -153,53 +227,10 @@ def main() -> None:
             f"redis on 127.0.0.1:{port}, host names {'distinct' if fleet.uts else 'shared'}",
             flush=True,
         )
-        rows = []
-        for n in [int(x) for x in a.hosts.split(",")]:
-            homes = [f"n{n}-host{i}" for i in range(n)]
-            cold = fleet.run(homes, n)
-            floor = fleet.run(homes, n)
-            rows.append((n, cold, floor))
-            print(
-                f"N={n}: wall {cold['wall']:.2f} s, compiles {cold['compiles']}, "
-                f"pulled {cold['remote_hits']}; warm floor {floor['wall']:.2f} s "
-                f"(compiles {floor['compiles']})",
-                flush=True,
-            )
-        from_redis, from_local = [], []
-        for r in range(a.reps):
-            got = fleet.run([f"redis-warm-{r}"], rows[0][0])  # empty root, a warm database
-            assert got["compiles"] == 0 and got["refused"] == got["errors"] == 0, got
-            from_redis.append(got["first_s"][0])
-            local = fleet.run([f"n{rows[0][0]}-host0"], rows[0][0])  # the base's warm root
-            assert local["compiles"] == 0 and local["remote_hits"] == 0, local
-            from_local.append(local["first_s"][0])
-        unique = rows[0][1]["compiles"]
-        base = rows[0][1]["wall"] - rows[0][2]["wall"]
-        print("\n hosts |  wall s  compiles | warm floor s | wall - floor  excess vs N=1")
-        for n, cold, floor in rows:
-            excess = cold["wall"] - floor["wall"]
-            print(
-                f"{n:6d} | {cold['wall']:7.2f}  {cold['compiles']:8d} | {floor['wall']:12.2f} | "
-                f"{excess:12.2f}  {excess / base:11.2f}x"
-            )
-        print("\nper-host startup breakdown, cold (mean over hosts, s):")
-        print(" hosts | " + "  ".join(f"{k[:-2]:>9s}" for k in BREAKDOWN))
-        for n, cold, _ in rows:
-            print(f"{n:6d} | " + "  ".join(f"{cold['breakdown'][k]:9.2f}" for k in BREAKDOWN))
-        worst = max((c["wall"] - f["wall"]) / base for _, c, f in rows)
-        same = all(c["compiles"] == unique for _, c, _ in rows)
-        redis_s, local_s = statistics.median(from_redis), statistics.median(from_local)
-        ratio = redis_s / local_s
-        print(
-            f"\nexcess (wall - warm floor) <= 1.3x N=1's for every N: {worst:.2f}x "
-            f"{'PASS' if worst <= 1.3 else 'FAIL'}; fleet compiles == unique pieces ({unique}) "
-            f"for every N: {'PASS' if same else 'FAIL'}"
-        )
-        print(
-            f"warm start from Redis, empty root: {redis_s:.3f} s vs from the local root "
-            f"{local_s:.3f} s (first call, median of {a.reps}): {ratio:.2f}x "
-            f"{'PASS' if ratio <= 1.2 else 'FAIL'} (target <= 1.2x)"
-        )
+        rows = _cold_and_floor(fleet, [int(x) for x in a.hosts.split(",")])
+        from_redis, from_local = _warm_starts(fleet, rows[0][0], a.reps)
+        _print_tables(rows)
+        _print_targets(rows, from_redis, from_local, a.reps)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,76 @@ def run(
     }
 
 
+Row = tuple[int, dict[str, Any], dict[str, Any], dict[str, Any] | None]
+
+
+def _measure(layers: int, dtype: str, slots: str, few: bool, reference: bool) -> list[Row]:
+    """For N = 1, 2, 4: fxpiece cold, the warm floor on its folder and (when
+    ``reference``) per-rank folders, a line printed per N; (N, cold, warm, ref)."""
+    rows: list[Row] = []
+    for n in (1, 2, 4):
+        f = run(n, True, layers, dtype, slots, few=few)
+        warm = run(n, True, layers, dtype, slots, root=f["root"], few=few)
+        ref = run(n, False, layers, dtype, slots, few=few) if reference else None
+        rows.append((n, f, warm, ref))
+        print(
+            f"N={n}: fxpiece wall {f['wall']:.2f} s, compiles {f['compiles']} "
+            f"(slots per host {f['slots']}); warm floor {warm['wall']:.2f} s"
+            + ("" if ref is None else f"; per-rank folders wall {ref['wall']:.2f} s"),
+            flush=True,
+        )
+    return rows
+
+
+def _print_table(rows: list[Row]) -> None:
+    """One line per N: fxpiece's wall, compiles and CPU, the warm floor, the
+    excess over it against N=1's, and the per-rank folders."""
+    base = rows[0][1]["wall"]
+    base_excess = rows[0][1]["wall"] - rows[0][2]["wall"]
+    print(
+        "\n ranks | fxpiece wall  vs 1 rank  compiles  compile s  CPU s | warm floor"
+        "  wall - floor  excess vs 1 rank | per-rank folders wall  compiles  CPU s"
+    )
+    for n, f, w, r in rows:
+        ref = "" if r is None else f"{r['wall']:21.2f}  {r['compiles']:8d}  {r['cpu_s']:5.1f}"
+        excess = f["wall"] - w["wall"]
+        print(
+            f"{n:6d} | {f['wall']:11.2f}  {f['wall'] / base:8.2f}x  {f['compiles']:8d}  "
+            f"{f['compile_s']:9.2f}  {f['cpu_s']:5.1f} | {w['wall']:10.2f}  {excess:12.2f}"
+            f"  {excess / base_excess:15.2f}x | {ref}"
+        )
+
+
+def _print_breakdown(rows: list[Row]) -> None:
+    """The cold runs' per-rank startup breakdown, one line per N."""
+    print("\nper-rank startup breakdown, cold (mean over ranks, s):")
+    print(" ranks | " + "  ".join(f"{k[:-2]:>9s}" for k in BREAKDOWN))
+    for n, f, _, _ in rows:
+        print(f"{n:6d} | " + "  ".join(f"{f['breakdown'][k]:9.2f}" for k in BREAKDOWN))
+
+
+def _print_targets(rows: list[Row]) -> None:
+    """The targets (2- and 4-rank wall, compiles, 4-rank excess) and the floor's ratio."""
+    base = rows[0][1]["wall"]
+    base_excess = rows[0][1]["wall"] - rows[0][2]["wall"]
+    unique = rows[0][1]["compiles"]
+    same = all(f["compiles"] == unique for _, f, _, _ in rows)
+    r2 = rows[1][1]["wall"] / base
+    r4 = rows[2][1]["wall"] / base
+    print(
+        f"\n2-rank wall <= 1.1x 1-rank: {r2:.2f}x {'PASS' if r2 <= 1.1 else 'FAIL'}; "
+        f"4-rank wall <= 1.3x 1-rank: {r4:.2f}x {'PASS' if r4 <= 1.3 else 'FAIL'}; "
+        f"total compiles == unique pieces ({unique}) for every N: {'PASS' if same else 'FAIL'}"
+    )
+    e4 = (rows[2][1]["wall"] - rows[2][2]["wall"]) / base_excess
+    print(
+        f"4-rank excess (wall - warm floor) <= 1.3x 1-rank's: {e4:.2f}x "
+        f"{'PASS' if e4 <= 1.3 else 'FAIL'}"
+    )
+    floor4 = rows[2][2]["wall"] / rows[0][2]["wall"]
+    print(f"floor: 4 warm ranks take {floor4:.2f}x one warm rank")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--layers", type=int, default=4)
@@ -146,52 +216,10 @@ def main() -> None:
         + ("one range, no exact sizes" if a.few else "ranges [1,16] [17,256], exact size 8"),
         flush=True,
     )
-    rows = []
-    for n in (1, 2, 4):
-        f = run(n, True, layers, a.dtype, a.slots, few=a.few)
-        warm = run(n, True, layers, a.dtype, a.slots, root=f["root"], few=a.few)
-        ref = None if a.no_reference else run(n, False, layers, a.dtype, a.slots, few=a.few)
-        rows.append((n, f, warm, ref))
-        print(
-            f"N={n}: fxpiece wall {f['wall']:.2f} s, compiles {f['compiles']} "
-            f"(slots per host {f['slots']}); warm floor {warm['wall']:.2f} s"
-            + ("" if ref is None else f"; per-rank folders wall {ref['wall']:.2f} s"),
-            flush=True,
-        )
-    base = rows[0][1]["wall"]
-    base_excess = rows[0][1]["wall"] - rows[0][2]["wall"]
-    print(
-        "\n ranks | fxpiece wall  vs 1 rank  compiles  compile s  CPU s | warm floor"
-        "  wall - floor  excess vs 1 rank | per-rank folders wall  compiles  CPU s"
-    )
-    for n, f, w, r in rows:
-        ref = "" if r is None else f"{r['wall']:21.2f}  {r['compiles']:8d}  {r['cpu_s']:5.1f}"
-        excess = f["wall"] - w["wall"]
-        print(
-            f"{n:6d} | {f['wall']:11.2f}  {f['wall'] / base:8.2f}x  {f['compiles']:8d}  "
-            f"{f['compile_s']:9.2f}  {f['cpu_s']:5.1f} | {w['wall']:10.2f}  {excess:12.2f}"
-            f"  {excess / base_excess:15.2f}x | {ref}"
-        )
-    print("\nper-rank startup breakdown, cold (mean over ranks, s):")
-    print(" ranks | " + "  ".join(f"{k[:-2]:>9s}" for k in BREAKDOWN))
-    for n, f, _, _ in rows:
-        print(f"{n:6d} | " + "  ".join(f"{f['breakdown'][k]:9.2f}" for k in BREAKDOWN))
-    unique = rows[0][1]["compiles"]
-    same = all(f["compiles"] == unique for _, f, _, _ in rows)
-    r2 = rows[1][1]["wall"] / base
-    r4 = rows[2][1]["wall"] / base
-    print(
-        f"\n2-rank wall <= 1.1x 1-rank: {r2:.2f}x {'PASS' if r2 <= 1.1 else 'FAIL'}; "
-        f"4-rank wall <= 1.3x 1-rank: {r4:.2f}x {'PASS' if r4 <= 1.3 else 'FAIL'}; "
-        f"total compiles == unique pieces ({unique}) for every N: {'PASS' if same else 'FAIL'}"
-    )
-    e4 = (rows[2][1]["wall"] - rows[2][2]["wall"]) / base_excess
-    print(
-        f"4-rank excess (wall - warm floor) <= 1.3x 1-rank's: {e4:.2f}x "
-        f"{'PASS' if e4 <= 1.3 else 'FAIL'}"
-    )
-    floor4 = rows[2][2]["wall"] / rows[0][2]["wall"]
-    print(f"floor: 4 warm ranks take {floor4:.2f}x one warm rank")
+    rows = _measure(layers, a.dtype, a.slots, a.few, not a.no_reference)
+    _print_table(rows)
+    _print_breakdown(rows)
+    _print_targets(rows)
 
 
 if __name__ == "__main__":

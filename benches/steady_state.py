@@ -115,27 +115,46 @@ def _models(
 ) -> tuple[dict[str, Callable[[Any], Any]], Callable[[int], Any]]:
     """The three callables (eager, whole-graph Inductor, fxpiece) and the
     input for ``n`` tokens."""
+    if model_name == "toy":
+        return _toy_models(cache_dir, layers, hidden, max_tokens)
+    return _hf_models(model_name, cache_dir, layers, hidden, max_tokens)
+
+
+def _toy_models(
+    cache_dir: str, layers: int, hidden: int, max_tokens: int
+) -> tuple[dict[str, Callable[[Any], Any]], Callable[[int], Any]]:
+    """:func:`_models` for the demo's toy Llama: its callables and token ids."""
     import torch
 
     import fxpiece
     from fxpiece.demo import demo_config, demo_model
     from fxpiece.piecewise import _torch_compat
 
-    if model_name == "toy":
-        model = demo_model(layers, hidden, "bfloat16")
-        ours = fxpiece.compile(model, demo_config(cache_dir, max_tokens))
-        stock_compiled = torch.compile(copy.deepcopy(model), backend="inductor")
+    model = demo_model(layers, hidden, "bfloat16")
+    ours = fxpiece.compile(model, demo_config(cache_dir, max_tokens))
+    stock_compiled = torch.compile(copy.deepcopy(model), backend="inductor")
 
-        def stock(x: Any) -> Any:
-            _torch_compat.mark_token_dim(x, 0)
-            return stock_compiled(x)
+    def stock(x: Any) -> Any:
+        _torch_compat.mark_token_dim(x, 0)
+        return stock_compiled(x)
 
-        vocab = model.cfg.vocab_size
-        return {
-            "eager": model,
-            "inductor": stock,
-            "fxpiece": ours,
-        }, lambda n: torch.arange(n) % vocab
+    vocab = model.cfg.vocab_size
+    return {
+        "eager": model,
+        "inductor": stock,
+        "fxpiece": ours,
+    }, lambda n: torch.arange(n) % vocab
+
+
+def _hf_models(
+    model_name: str, cache_dir: str, layers: int, hidden: int, max_tokens: int
+) -> tuple[dict[str, Callable[[Any], Any]], Callable[[int], Any]]:
+    """:func:`_models` for a Hugging Face decoder (:func:`hf_model`): its
+    callables, each called as a prefill, and (token ids, attention mask)."""
+    import torch
+
+    import fxpiece
+    from fxpiece.piecewise import _torch_compat
 
     hf = hf_model(model_name, layers, hidden, max_tokens, torch.bfloat16)
     hf_copy = copy.deepcopy(hf)
@@ -211,6 +230,54 @@ def conform_cost(fn: Callable[[Any], Any], x: Any, calls: int) -> dict[str, floa
     }
 
 
+def _warm_up(
+    fns: dict[str, Callable[[Any], Any]], inputs: dict[tuple[int, str], Any], sizes: list[int]
+) -> set[tuple[int, str]]:
+    """Three untimed calls of each callable at each size, the largest size
+    first; the (size, name) pairs that failed (each said on stderr)."""
+    failed: set[tuple[int, str]] = set()
+    for n in sorted(sizes, reverse=True):
+        for name in fns:
+            try:
+                for _ in range(3):
+                    fns[name](inputs[(n, name)])
+            except Exception as e:  # not timed; measure reports it as null
+                failed.add((n, name))
+                first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+                print(
+                    f"bench: {name} at {n} tokens failed: {type(e).__name__}: {first}",
+                    file=sys.stderr,
+                )
+    return failed
+
+
+def _timed_rounds(
+    fns: dict[str, Callable[[Any], Any]],
+    inputs: dict[tuple[int, str], Any],
+    sizes: list[int],
+    rounds: int,
+    per_round: int,
+    failed: set[tuple[int, str]],
+) -> dict[tuple[int, str], list[float]]:
+    """``rounds`` rounds of ``per_round`` timed calls of each callable that did
+    not fail at each size, the order rotating; every call's seconds."""
+    times: dict[tuple[int, str], list[float]] = {(n, k): [] for n in sizes for k in fns}
+    names = list(fns)
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for n in sizes:
+            for name in order:
+                if (n, name) in failed:
+                    continue
+                fn, x = fns[name], inputs[(n, name)]
+                out = times[(n, name)]
+                for _ in range(per_round):
+                    t0 = time.perf_counter()
+                    fn(x)
+                    out.append(time.perf_counter() - t0)
+    return times
+
+
 def measure(
     cache_dir: str,
     layers: int,
@@ -233,39 +300,14 @@ def measure(
     # Each its own inputs: marking a tensor's dim dynamic for one (as stock
     # needs) would make the other's guards reject it.
     inputs = {(n, k): make_input(n) for n in sizes for k in fns}
-    times: dict[tuple[int, str], list[float]] = {(n, k): [] for n in sizes for k in fns}
     per_round = max(1, reps // rounds)
-    names = list(fns)
-    failed: set[tuple[int, str]] = set()
     with torch.no_grad():
         # Compile or load, then settle; the largest size first, as a server
         # starts. A callable that fails at a size (whole-graph Inductor on the
         # HF Llama's 1-token graph: a lowering assertion in torch) is said
         # on stderr, left out and reported as null.
-        for n in sorted(sizes, reverse=True):
-            for name in names:
-                try:
-                    for _ in range(3):
-                        fns[name](inputs[(n, name)])
-                except Exception as e:  # reported below, not timed
-                    failed.add((n, name))
-                    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-                    print(
-                        f"bench: {name} at {n} tokens failed: {type(e).__name__}: {first}",
-                        file=sys.stderr,
-                    )
-        for r in range(rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
-            for n in sizes:
-                for name in order:
-                    if (n, name) in failed:
-                        continue
-                    fn, x = fns[name], inputs[(n, name)]
-                    out = times[(n, name)]
-                    for _ in range(per_round):
-                        t0 = time.perf_counter()
-                        fn(x)
-                        out.append(time.perf_counter() - t0)
+        failed = _warm_up(fns, inputs, sizes)
+        times = _timed_rounds(fns, inputs, sizes, rounds, per_round, failed)
         calls = max(10, reps // 2)
         cost = {
             n: conform_cost(fns["fxpiece"], inputs[(n, "fxpiece")], calls)

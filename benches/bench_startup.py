@@ -77,18 +77,28 @@ def bench_model(name: str, layers: int, hidden: int, a: argparse.Namespace) -> N
     cold = run_phase("fxpiece", d, args)
     warm = run_phase("fxpiece", d, args)
     stock_cold = run_phase("inductor", d, args)
+    starts = _warm_starts(d, args, a.starts)
+    _print_backend_time(cold, warm)
+    _print_warm_first_call(starts, stock_cold, a.starts)
+    _print_steady_state(d, layers, hidden, a.reps)
+    print(f"max |out - eager|: cold {cold['max_abs_diff']:.3g}, warm {warm['max_abs_diff']:.3g}")
+
+
+def _warm_starts(folder: str, args: argparse.Namespace, n: int) -> dict[str, list[dict[str, Any]]]:
+    """``n`` warm processes of each mode (fxpiece, fxpiece aot=False, stock
+    Inductor) on the cache ``folder``; each mode's results."""
     # Startup: warm processes, the modes interleaved (this VM's speed
     # drifts); the medians are compared.
     first = args
     starts: dict[str, list[dict[str, Any]]] = {"fxpiece": [], "fxpiece-noaot": [], "inductor": []}
-    for _ in range(a.starts):
+    for _ in range(n):
         for mode, runs in starts.items():
-            runs.append(run_phase(mode, d, first))
-    warm_s, noaot_s, stock_s = (
-        {k: median([ph[k] for ph in starts[m]]) for k in ("first_call_s", "setup_s", "process_s")}
-        for m in starts
-    )
+            runs.append(run_phase(mode, folder, first))
+    return starts
 
+
+def _print_backend_time(cold: dict[str, Any], warm: dict[str, Any]) -> None:
+    """The cold vs warm backend time line and its target."""
     r = warm["backend_s"] / cold["backend_s"]
     print(
         f"backend time: cold {cold['backend_s']:.2f} s ({cold['counters']['num_inductor_compiles']}"
@@ -97,9 +107,20 @@ def bench_model(name: str, layers: int, hidden: int, a: argparse.Namespace) -> N
         f"{warm['counters']['num_cache_hits']} hits) -> {r:.3f} (target <= 0.10) "
         f"{verdict(r <= 0.10)}"
     )
+
+
+def _print_warm_first_call(
+    starts: dict[str, list[dict[str, Any]]], stock_cold: dict[str, Any], n: int
+) -> None:
+    """The medians of the ``n`` warm starts of each mode: the first call with
+    and without the ahead-of-time start vs stock, and the whole process."""
+    warm_s, noaot_s, stock_s = (
+        {k: median([ph[k] for ph in starts[m]]) for k in ("first_call_s", "setup_s", "process_s")}
+        for m in starts
+    )
     base = stock_s["first_call_s"]
     print(
-        f"warm first call, median of {a.starts} fresh processes each (stock torch.compile "
+        f"warm first call, median of {n} fresh processes each (stock torch.compile "
         f"warm: {base:.2f} s, cold {stock_cold['first_call_s']:.2f} s; compile() itself, "
         f"which imports Inductor's compiler in both: stock {stock_s['setup_s']:.2f} s):"
     )
@@ -120,9 +141,14 @@ def bench_model(name: str, layers: int, hidden: int, a: argparse.Namespace) -> N
         f"{warm_s['process_s']:.2f} s, aot=False {noaot_s['process_s']:.2f} s, stock "
         f"{stock_s['process_s']:.2f} s -> {warm_s['process_s'] / stock_s['process_s']:.2f}x"
     )
+
+
+def _print_steady_state(folder: str, layers: int, hidden: int, reps: int) -> None:
+    """Steady-state latency (:func:`steady_state`) with all threads, then with
+    one: a table each, fxpiece vs whole-graph Inductor and its target."""
     for label, threads in (("all threads", None), ("1 thread", 1)):
-        lat = steady_state(d, layers, hidden, threads, a.reps)
-        print(f"steady state, {label} (one process, interleaved; median of {a.reps} calls each)")
+        lat = steady_state(folder, layers, hidden, threads, reps)
+        print(f"steady state, {label} (one process, interleaved; median of {reps} calls each)")
         print(
             f"  {'tokens':>6}  {'eager ms':>9}  {'inductor ms':>11}  {'fxpiece ms':>10}  "
             f"{'vs inductor':>11}"
@@ -133,7 +159,6 @@ def bench_model(name: str, layers: int, hidden: int, a: argparse.Namespace) -> N
                 f"  {n:>6}  {e * 1e3:9.3f}  {i * 1e3:11.3f}  {f * 1e3:10.3f}  {f / i:10.2f}x "
                 f"{verdict(f / i <= 1.05)}"
             )
-    print(f"max |out - eager|: cold {cold['max_abs_diff']:.3g}, warm {warm['max_abs_diff']:.3g}")
 
 
 HF_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "hf_generate.py"
@@ -257,20 +282,18 @@ def _out_ok(r: dict[str, Any]) -> bool:
     return bool(r["max_abs_diff"] <= BF16_TOL * max(1.0, r["scale"]))
 
 
-def bench_peers(name: str, layers: int, hidden: int, a: argparse.Namespace) -> None:
-    starts = a.starts or 3
-    peers = [p for p in PEER_LABELS if a.peers is None or p in a.peers]
-    work = Path(tempfile.mkdtemp(prefix=f"fxpiece-bench-peers-{name}-"))
-    what = (
-        f"HF LlamaForCausalLM 2 layers, hidden 64, fp32, generate() {hf_peers.PROMPT} + "
-        f"{hf_peers.NEW_TOKENS} tokens"
-        if layers == 0
-        else f"Llama {layers} layers, hidden {hidden}, bfloat16, 24 tokens"
-    )
-    print(f"\n== peers, {name}: {what}; fresh processes; work folder {work}", flush=True)
-    warm_dir = {p: work / "inductor" / p for p in peers}
-    # The peers that cannot serve generate() are not started (the reason is printed).
-    skipped = {p: why for p, why in hf_peers.UNSERVED.items() if layers == 0 and p in peers}
+def _cold_steps(
+    peers: list[str],
+    work: Path,
+    warm_dir: dict[str, Path],
+    layers: int,
+    hidden: int,
+    skipped: dict[str, str],
+) -> tuple[dict[str, str], list[str]]:
+    """The cold / prepare step of each peer that has its own (Inductor's folder:
+    the peer's warm one, still empty), a line printed each; ``skipped`` with
+    the peers skipped since added, and the outputs out of tolerance."""
+    skipped = dict(skipped)
     wrong: list[str] = []
     print("cold / prepare step (once per peer, Inductor's folder empty; not a warm start):")
     for p in peers:
@@ -296,8 +319,27 @@ def bench_peers(name: str, layers: int, hidden: int, a: argparse.Namespace) -> N
             f"max |out - eager| {r['max_abs_diff']:.3g}",
             flush=True,
         )
-    folders = [f for f in ("warm", "empty") if f in a.folders]
-    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    return skipped, wrong
+
+
+PeerRuns = dict[tuple[str, str], list[dict[str, Any]]]
+
+
+def _warm_rounds(
+    peers: list[str],
+    folders: list[str],
+    starts: int,
+    work: Path,
+    warm_dir: dict[str, Path],
+    layers: int,
+    hidden: int,
+    skipped: dict[str, str],
+) -> tuple[PeerRuns, dict[str, str]]:
+    """``starts`` rounds of one warm start of every peer not skipped in each of
+    ``folders`` (Inductor's folder warm, or a fresh empty one); the results by
+    (peer, folder), and ``skipped`` with the peers skipped since added."""
+    skipped = dict(skipped)
+    runs: PeerRuns = {}
     for i in range(starts):
         for folder in folders:
             for p in peers:
@@ -317,82 +359,127 @@ def bench_peers(name: str, layers: int, hidden: int, a: argparse.Namespace) -> N
                     continue
                 runs.setdefault((p, folder), []).append(r)
         print(f"  round {i + 1}/{starts} done", flush=True)
+    return runs, skipped
+
+
+def _folder_medians(
+    peers: list[str], folder: str, runs: PeerRuns, skipped: dict[str, str], layers: int
+) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """Each started peer's medians over its warm starts in ``folder`` (and,
+    for fxpiece's, its compiles); the outputs out of tolerance and the eager
+    floor's unwanted imports."""
+    med: dict[str, dict[str, float]] = {}
+    wrong: list[str] = []
+    for p in peers:
+        rs = runs.get((p, folder))
+        if p in skipped or not rs:
+            continue
+        med[p] = {k: median(r[k] for r in rs) for k in ("setup_s", "first_call_s", "process_s")}
+        med[p]["both"] = median(r["setup_s"] + r["first_call_s"] for r in rs)
+        med[p]["diff"] = max(r["max_abs_diff"] for r in rs)
+        wrong += [
+            f"{p} warm ({folder} folder): max |out - eager| {r['max_abs_diff']:.3g}"
+            for r in rs
+            if not _out_ok(r)
+        ]
+        if p == "eager" and any(r["fxpiece_imported"] for r in rs):
+            wrong.append("eager (the floor) imported fxpiece")
+        if p == "eager" and layers and any(r["dynamo_imported"] for r in rs):
+            wrong.append("eager (the floor) imported torch._dynamo or fxpiece")
+        if p.startswith("fxpiece"):
+            med[p]["compiles"] = max(r["inductor_compiles"] for r in rs)
+            med[p]["compile_fx"] = sum(r["compile_fx_imported"] for r in rs)
+            med[p]["starts"] = len(rs)
+    return med, wrong
+
+
+def _print_folder_table(folder: str, starts: int, med: dict[str, dict[str, float]]) -> None:
+    """One folder's table of warm starts, ratios to fxpiece's, and fxpiece's
+    Inductor compiles."""
+    print(
+        f"\nwarm start, Inductor's folder {folder.upper()}"
+        + (" (a fresh empty one for each start)" if folder == "empty" else "")
+        + f": median of {starts} fresh processes each"
+    )
+    fx = med.get("fxpiece")
+    print(
+        f"  {'peer':<44} {'compile()/load':>14} {'first call':>10} "
+        f"{'both':>7} {'vs fxpiece':>10} {'whole process':>13} {'vs fxpiece':>10} "
+        f"{'max|diff|':>9}"
+    )
+    for p, m in med.items():
+        vs = f"{m['both'] / fx['both']:.2f}x" if fx else "-"
+        vs_p = f"{m['process_s'] / fx['process_s']:.2f}x" if fx else "-"
+        print(
+            f"  {PEER_LABELS[p]:<44} {m['setup_s']:12.2f} s {m['first_call_s']:8.2f} s "
+            f"{m['both']:5.2f} s {vs:>10} {m['process_s']:11.2f} s {vs_p:>10} "
+            f"{m['diff']:9.3g}"
+        )
+    for p in ("fxpiece", "fxpiece-noaot"):
+        if p in med:
+            m = med[p]
+            print(
+                f"  {p}: Inductor compiles on a warm start {m['compiles']:.0f} (at most); "
+                f"Inductor's compile_fx imported by the first output in "
+                f"{m['compile_fx']:.0f} of {m['starts']:.0f} starts"
+            )
+
+
+def _print_peer_targets(med: dict[str, dict[str, float]], layers: int) -> None:
+    """One folder's target lines: fxpiece vs the best torch path that can serve
+    ``generate()`` (HF model), vs AOTInductor, and vs eager's whole process."""
+    fx = med.get("fxpiece")
+    aoti, eager = med.get("aoti"), med.get("eager")
+    if fx and layers == 0:
+        best = min((m["both"], p) for p, m in med.items() if p in ("stock", "megacache"))
+        q = fx["both"] / best[0]
+        print(
+            f"  AOTInductor cannot serve generate(); fxpiece compile() + first output vs "
+            f"the best torch path that can ({PEER_LABELS[best[1]]}): "
+            f"{fx['both']:.2f} vs {best[0]:.2f} s -> {q:.2f}x {verdict(q <= 1.0)}"
+        )
+    if fx and aoti:
+        q = fx["both"] / aoti["both"]
+        print(
+            f"  target: fxpiece compile() + first output <= AOTInductor's: "
+            f"{fx['both']:.2f} vs {aoti['both']:.2f} s -> {q:.2f}x {verdict(q <= 1.0)}"
+        )
+    if fx and eager:
+        q = fx["process_s"] / eager["process_s"]
+        print(
+            f"  target: fxpiece whole warm process <= 1.15x eager's: "
+            f"{fx['process_s']:.2f} vs {eager['process_s']:.2f} s -> {q:.2f}x "
+            f"{verdict(q <= 1.15)}"
+        )
+
+
+def bench_peers(name: str, layers: int, hidden: int, a: argparse.Namespace) -> None:
+    starts = a.starts or 3
+    peers = [p for p in PEER_LABELS if a.peers is None or p in a.peers]
+    work = Path(tempfile.mkdtemp(prefix=f"fxpiece-bench-peers-{name}-"))
+    what = (
+        f"HF LlamaForCausalLM 2 layers, hidden 64, fp32, generate() {hf_peers.PROMPT} + "
+        f"{hf_peers.NEW_TOKENS} tokens"
+        if layers == 0
+        else f"Llama {layers} layers, hidden {hidden}, bfloat16, 24 tokens"
+    )
+    print(f"\n== peers, {name}: {what}; fresh processes; work folder {work}", flush=True)
+    warm_dir = {p: work / "inductor" / p for p in peers}
+    # The peers that cannot serve generate() are not started (the reason is printed).
+    skipped = {p: why for p, why in hf_peers.UNSERVED.items() if layers == 0 and p in peers}
+    skipped, wrong = _cold_steps(peers, work, warm_dir, layers, hidden, skipped)
+    folders = [f for f in ("warm", "empty") if f in a.folders]
+    runs, skipped = _warm_rounds(peers, folders, starts, work, warm_dir, layers, hidden, skipped)
     raw = work / "peers.json"
     raw.write_text(json.dumps({f"{p} {f}": rs for (p, f), rs in runs.items()}, indent=1))
     print(f"every start's figures: {raw}")
     for p, why in skipped.items():
         print(f"SKIP {PEER_LABELS[p]}: {why}")
     for folder in folders:
-        med: dict[str, dict[str, float]] = {}
-        for p in peers:
-            rs = runs.get((p, folder))
-            if p in skipped or not rs:
-                continue
-            med[p] = {k: median(r[k] for r in rs) for k in ("setup_s", "first_call_s", "process_s")}
-            med[p]["both"] = median(r["setup_s"] + r["first_call_s"] for r in rs)
-            med[p]["diff"] = max(r["max_abs_diff"] for r in rs)
-            wrong += [
-                f"{p} warm ({folder} folder): max |out - eager| {r['max_abs_diff']:.3g}"
-                for r in rs
-                if not _out_ok(r)
-            ]
-            if p == "eager" and any(r["fxpiece_imported"] for r in rs):
-                wrong.append("eager (the floor) imported fxpiece")
-            if p == "eager" and layers and any(r["dynamo_imported"] for r in rs):
-                wrong.append("eager (the floor) imported torch._dynamo or fxpiece")
-            if p.startswith("fxpiece"):
-                med[p]["compiles"] = max(r["inductor_compiles"] for r in rs)
-                med[p]["compile_fx"] = sum(r["compile_fx_imported"] for r in rs)
-                med[p]["starts"] = len(rs)
-        print(
-            f"\nwarm start, Inductor's folder {folder.upper()}"
-            + (" (a fresh empty one for each start)" if folder == "empty" else "")
-            + f": median of {starts} fresh processes each"
-        )
-        fx = med.get("fxpiece")
-        print(
-            f"  {'peer':<44} {'compile()/load':>14} {'first call':>10} "
-            f"{'both':>7} {'vs fxpiece':>10} {'whole process':>13} {'vs fxpiece':>10} "
-            f"{'max|diff|':>9}"
-        )
-        for p, m in med.items():
-            vs = f"{m['both'] / fx['both']:.2f}x" if fx else "-"
-            vs_p = f"{m['process_s'] / fx['process_s']:.2f}x" if fx else "-"
-            print(
-                f"  {PEER_LABELS[p]:<44} {m['setup_s']:12.2f} s {m['first_call_s']:8.2f} s "
-                f"{m['both']:5.2f} s {vs:>10} {m['process_s']:11.2f} s {vs_p:>10} "
-                f"{m['diff']:9.3g}"
-            )
-        for p in ("fxpiece", "fxpiece-noaot"):
-            if p in med:
-                m = med[p]
-                print(
-                    f"  {p}: Inductor compiles on a warm start {m['compiles']:.0f} (at most); "
-                    f"Inductor's compile_fx imported by the first output in "
-                    f"{m['compile_fx']:.0f} of {m['starts']:.0f} starts"
-                )
-        aoti, eager = med.get("aoti"), med.get("eager")
-        if fx and layers == 0:
-            best = min((m["both"], p) for p, m in med.items() if p in ("stock", "megacache"))
-            q = fx["both"] / best[0]
-            print(
-                f"  AOTInductor cannot serve generate(); fxpiece compile() + first output vs "
-                f"the best torch path that can ({PEER_LABELS[best[1]]}): "
-                f"{fx['both']:.2f} vs {best[0]:.2f} s -> {q:.2f}x {verdict(q <= 1.0)}"
-            )
-        if fx and aoti:
-            q = fx["both"] / aoti["both"]
-            print(
-                f"  target: fxpiece compile() + first output <= AOTInductor's: "
-                f"{fx['both']:.2f} vs {aoti['both']:.2f} s -> {q:.2f}x {verdict(q <= 1.0)}"
-            )
-        if fx and eager:
-            q = fx["process_s"] / eager["process_s"]
-            print(
-                f"  target: fxpiece whole warm process <= 1.15x eager's: "
-                f"{fx['process_s']:.2f} vs {eager['process_s']:.2f} s -> {q:.2f}x "
-                f"{verdict(q <= 1.15)}"
-            )
+        med, folder_wrong = _folder_medians(peers, folder, runs, skipped, layers)
+        wrong += folder_wrong
+        _print_folder_table(folder, starts, med)
+        _print_peer_targets(med, layers)
     if wrong:
         raise SystemExit("PEER OUTPUTS WRONG (vs eager, BF16 tolerance):\n  " + "\n  ".join(wrong))
     print(f"outputs: every peer equals eager within BF16 tolerance ({BF16_TOL} x max |out|)")

@@ -35,9 +35,13 @@ COMPILE_MODULES = (
     "torch._inductor.async_compile",
     "torch._inductor.lowering",
     "torch._functorch._aot_autograd.autograd_cache",
+    "fxpiece.piecewise.remote_tier",
+    "fxpiece.cache.admin",
 )
 """Inductor's compiler, code caches and AOTAutograd's cache: what loading
-a piece the usual way imports, and a direct load does not."""
+a piece the usual way imports, and a direct load does not; and fxpiece's
+remote tier and cache admin code, which a start without a remote cache
+never needs."""
 
 
 def install_probes() -> dict[str, Any]:

@@ -47,7 +47,6 @@ from fxpiece.piecewise.layouts import eager_piece
 from fxpiece.piecewise.ops import resolve_splitting_ops
 from fxpiece.piecewise.plan import PieceInputs, PiecePlan, Work, fake_inputs, plan_piece
 from fxpiece.piecewise.private_dirs import headers_dir, untrusted
-from fxpiece.piecewise.remote_tier import RemoteTier
 from fxpiece.piecewise.resolver import Resolved, Resolver
 from fxpiece.piecewise.split import (
     SplitItem,
@@ -57,7 +56,6 @@ from fxpiece.piecewise.split import (
     whole_graph,
 )
 from fxpiece.piecewise.stats import BackendStats, GraphStats, PieceStats, ProgressEvent
-from fxpiece.remote import open_remote
 
 __all__ = ["Backend", "entry_point"]
 
@@ -104,6 +102,11 @@ class Backend:
         if self.config.remote_cache is not None and self.cache_enabled():
             # The fleet's second tier (pull on a miss, push once built, one
             # compile per fleet), around how this host's processes coordinate.
+            # Imported here: a start without one keeps its modules (and the
+            # cache admin code its sync format shares) out, about 40 ms.
+            from fxpiece.piecewise.remote_tier import RemoteTier
+            from fxpiece.remote import open_remote
+
             self.coordination = RemoteTier(
                 self.coordination, open_remote(self.config.remote_cache), count=self.count
             )

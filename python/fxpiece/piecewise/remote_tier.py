@@ -10,10 +10,11 @@ digests and index keys as ``fxpiece cache push/pull``
 
 - **pull on a local miss.** Before a graph's pieces are loaded (and before
   an ahead-of-time start reads its launch folder), when the local index
-  lacks any of them, the model's remote index entries are read in one
-  request; each must carry a trusted ``index-entry`` signature, name its
-  artifact by its digest's path, and its artifact's blob must decode with a
-  trusted signature (:func:`~fxpiece.cache.store.decode_artifact`,
+  lacks any of them (a piece identical to an indexed one is not missing),
+  the model's remote index entries are read in one request and the blobs
+  they name at once; each must carry a trusted ``index-entry`` signature,
+  name its artifact by its digest's path, and its artifact's blob must
+  decode with a trusted signature (:func:`~fxpiece.cache.store.decode_artifact`,
   ``unsigned_ok=False``). What passes is stored in the local root (keeping
   its signer) and loads like a local entry; anything unsigned, untrusted,
   revoked, malformed or corrupt is refused (``num_untrusted_remote``, one
@@ -404,7 +405,7 @@ class RemoteTier:
 
     def _pull_artifacts(self, mc: ModelCache, digests: list[str]) -> dict[str, dict[str, Any]]:
         """The local handles of ``digests``' artifacts: the ones here, and the
-        rest pulled from the store in one request (see
+        rest pulled from the store at once (see
         :meth:`~fxpiece.remote.RemoteStore.get_blobs`) and stored here if
         each passes every check."""
         handles: dict[str, dict[str, Any]] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from fxpiece import gc_pause
 from fxpiece.cache.index import (
     CacheIndex,
     IndexProblem,
@@ -69,7 +70,9 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'fxpiece' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    # The compiler stack (torch._dynamo, torch._inductor) comes in here.
+    with gc_pause.paused():
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 import fxpiece
+from fxpiece import gc_pause
 from fxpiece.cache.entries import AotKey, Entry, Unsupported, Value
 from fxpiece.cache.keys import AOT_TAG_SUFFIX, factors_key
 from fxpiece.cache.model import ModelCache
@@ -301,8 +302,9 @@ class AotStart:
         if changed:
             return None, f"traced source file changed: {changed}"
         try:
-            loaded, piece = aot.deserialize(data, fn.__globals__)
-            piece.build(self.backend.build)
+            with gc_pause.paused():
+                loaded, piece = aot.deserialize(data, fn.__globals__)
+                piece.build(self.backend.build)
             return loaded, ""
         except UntrustedCacheError:
             raise

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from fxpiece import gc_pause
 from fxpiece.cache.safeio import read_regular
 from fxpiece.piecewise._torch_compat.loading import (
     LoadedArtifact,
@@ -63,10 +64,12 @@ __all__ = [
     "unpacking",
 ]
 
-try:
-    from torch._inductor.custom_graph_pass import CustomGraphPass as CustomGraphPassBase
-except ImportError:  # pragma: no cover - older torch
-    CustomGraphPassBase = object  # type: ignore[assignment,misc]
+# Inductor (and with it Dynamo) comes in here: see fxpiece.gc_pause.
+with gc_pause.paused():
+    try:
+        from torch._inductor.custom_graph_pass import CustomGraphPass as CustomGraphPassBase
+    except ImportError:  # pragma: no cover - older torch
+        CustomGraphPassBase = object  # type: ignore[assignment,misc]
 
 
 def inductor_config_portable() -> dict[str, Any]:

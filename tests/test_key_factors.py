@@ -95,3 +95,44 @@ def test_freezing_is_refused_with_a_config_error() -> None:
             f(torch.ones(2))
     inner = getattr(ei.value, "inner_exception", ei.value)
     assert isinstance(inner, fxpiece.ConfigError) and "freezing" in str(inner)
+
+
+_PASS_SOURCES = """
+import json, sys
+for extra in sys.argv[1:]:
+    __import__(extra)
+from fxpiece.piecewise.passes import pass_sources
+from programs.toy import RecordRange
+print(json.dumps(pass_sources(RecordRange)))
+"""
+
+
+def test_a_pass_uuid_does_not_depend_on_what_the_process_imported() -> None:
+    """A pass's sources are read from its import graph as files, not from
+    what is loaded: a process that has imported fxpiece's remote tier and
+    cache admin code (a test run, a CLI user) gives the same uuid as one
+    that has not (it did not: modules under an unloaded package were left
+    out, so the key differed between processes)."""
+    import json
+    import subprocess
+    import sys
+
+    from programs.run import TESTS_DIR, program_env
+
+    def sources(*extra: str) -> dict[str, str]:
+        out = subprocess.run(
+            [sys.executable, "-c", _PASS_SOURCES, *extra],
+            env=program_env(),
+            cwd=TESTS_DIR,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        result: dict[str, str] = json.loads(out.stdout)
+        return result
+
+    plain = sources()
+    loaded = sources("fxpiece.remote.sync", "fxpiece.cache.admin", "fxpiece.piecewise.backend")
+    assert plain == loaded
+    # Reached through the import graph, never imported by the first process.
+    assert {"fxpiece.remote.redis_store", "fxpiece.cache.admin.scan"} <= set(plain)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib.util
+import importlib.machinery
 import os
 import sys
 import sysconfig
@@ -59,22 +59,39 @@ def _is_library(path: str) -> bool:
 
 
 def _source_of(name: str) -> str | None:
-    """The source file of module ``name`` without importing anything new:
-    loaded modules by their ``__file__``, others only when their parent
-    package is loaded (``find_spec`` would import it otherwise)."""
+    """The source file of module ``name``, found without importing anything
+    and whatever this process has imported: a loaded module by its
+    ``__file__``, any other through the path finder, package by package
+    (each parent's search locations from its spec). So every process that
+    sees the same files gives a pass the same uuid (it used to skip a
+    module whose parent package was not loaded yet)."""
     mod = sys.modules.get(name)
     if mod is not None:
         path = getattr(mod, "__file__", None)
         return os.path.abspath(path) if isinstance(path, str) else None
-    parent = name.rpartition(".")[0]
-    if parent and parent not in sys.modules:
-        return None
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
+    spec = _spec_of(name)
     origin = spec.origin if spec is not None else None
     return os.path.abspath(origin) if origin and os.path.isfile(origin) else None
+
+
+def _spec_of(name: str) -> importlib.machinery.ModuleSpec | None:
+    """``name``'s spec from the path finder, its parents' specs giving the
+    folders to look in (nothing is imported)."""
+    parent, _, _ = name.rpartition(".")
+    search: list[str] | None = None  # sys.path, for a top-level name
+    if parent:
+        loaded = sys.modules.get(parent)
+        parent_spec = getattr(loaded, "__spec__", None) if loaded is not None else None
+        if parent_spec is None:
+            parent_spec = _spec_of(parent)
+        locations = parent_spec.submodule_search_locations if parent_spec is not None else None
+        if locations is None:
+            return None  # not a package: ``name`` is an attribute
+        search = list(locations)
+    try:
+        return importlib.machinery.PathFinder.find_spec(name, search)
+    except (ImportError, ValueError):
+        return None
 
 
 def _imports(name: str, path: str) -> set[str]:

@@ -427,30 +427,13 @@ class RemoteTier:
             return handles  # not digests the store can name
         # Checked and written (fsync) a few at a time: the checks release
         # the GIL, the writes wait for the disk.
-        with ThreadPoolExecutor(min(_PULLERS, max(1, len(blobs)))) as pool:
-            stored = pool.map(lambda d: self._store_blob(mc, d, blobs[d]), sorted(blobs))
-            for d, handle in zip(sorted(blobs), stored, strict=True):
+        order = sorted(blobs)
+        with ThreadPoolExecutor(min(_PULLERS, max(1, len(order)))) as pool:
+            stored = pool.map(lambda d: self._store_blob(mc, d, blobs[d]), order)
+            for d, handle in zip(order, stored, strict=True):
                 if handle is not None:
                     handles[d] = handle
         return handles
-
-    def _pull_artifact(self, mc: ModelCache, digest: str) -> dict[str, Any] | None:
-        """The local handle of ``digest``'s artifact, pulled from the store
-        and stored here if missing and it passes every check; else ``None``."""
-        have = mc.artifacts.existing(digest)
-        if have is not None or self.down or mc.readonly:
-            return have
-        try:
-            data = self.store.get_blob(digest)
-        except BlobTooLargeError as e:
-            self._refused(e.strerror or str(e))
-            return None
-        except RemoteUnavailableError as e:
-            self.unavailable(e)
-            return None
-        except ValueError:
-            return None  # not a digest the store can name
-        return None if data is None else self._store_blob(mc, digest, data)
 
     def _store_blob(
         self, mc: ModelCache, digest: str, data: bytes | BlobTooLargeError
@@ -495,7 +478,7 @@ class RemoteTier:
         except ValueError:
             return False
         self._fetch_model(mc)
-        if self._pull_artifact(mc, digest) is None:
+        if digest not in self._pull_artifacts(mc, [digest]):
             return False
         if self._kernels is not None:
             self._kernels.restore(mc)

@@ -142,3 +142,25 @@ def test_read_regular_file_does_not_block_on_a_fifo_with_a_writer_waiting(
         [sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60
     )
     assert proc.stdout.strip() == "True", proc.stderr
+
+
+def test_sync_files_syncs_regular_files_and_never_opens_anything_else(
+    tmp_path: pathlib.Path,
+) -> None:
+    # A FIFO (its open would block), a symlink out of the folder (never
+    # followed), a folder and a file gone since: each named, none fatal.
+    good = tmp_path / "good"
+    good.write_bytes(b"pulled bytes")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.write_bytes(b"not ours")
+    link = tmp_path / "link"
+    link.symlink_to(outside)
+    t0 = time.monotonic()
+    failed = native.sync_files([good, fifo, link, tmp_path, tmp_path / "gone"])
+    assert time.monotonic() - t0 < 5, "nothing blocks"
+    assert [f.split(": ", 1)[0] for f in failed] == [str(fifo), str(link), str(tmp_path)]
+    assert "FIFO" in failed[0] and "folder" in failed[2], failed
+    assert good.read_bytes() == b"pulled bytes"
+    assert native.sync_files([]) == []

@@ -111,6 +111,34 @@ def test_put_writes_v3_signed_by_the_builder_key(tmp_path: Path, keys: Path) -> 
     assert len(longest.split(b"\n", 1)[0]) + 1 <= _HEAD_MAX
 
 
+def test_put_decoded_keeps_the_signer_and_put_not_durable_writes_the_same_file(
+    tmp_path: Path, keys: Path
+) -> None:
+    lay = root(tmp_path)
+    store = ArtifactStore(lay)
+    store.put(A, b"code of A")
+    signed = lay.artifact_path(A).read_bytes()
+    # Another root stores it as decoded (what the remote tier pulls), no fsync.
+    other = CacheLayout(ensure_private_dir(tmp_path / "other"))
+    theirs = ArtifactStore(other)
+    art = decode_artifact(signed, "x", A, trusted=theirs.trusted_keys(), unsigned_ok=False)
+    handle = theirs.put_decoded(art, durable=False)
+    assert other.artifact_path(A).read_bytes() == signed
+    assert theirs.load(handle) == b"code of A"
+    # Not durable is the same file as durable.
+    third = ArtifactStore(CacheLayout(ensure_private_dir(tmp_path / "third")))
+    third.put(B, b"code of B", durable=False)
+    fourth = ArtifactStore(CacheLayout(ensure_private_dir(tmp_path / "fourth")))
+    fourth.put(B, b"code of B")
+    same = [s.layout.artifact_path(B).read_bytes().split(b"\n", 1)[1] for s in (third, fourth)]
+    assert same == [b"code of B"] * 2
+    # Unsigned (v2) or unbound (v1) bytes are never stored as decoded.
+    for legacy in (encode_artifact(b"code of B", B), encode_artifact(b"code of B")):
+        with pytest.raises(CorruptArtifactError, match="unsigned or unbound"):
+            theirs.put_decoded(decode_artifact(legacy, "x"))
+    assert not other.artifact_path(B).exists()
+
+
 def test_signature_binds_the_digest_length_and_payload(tmp_path: Path) -> None:
     lay = root(tmp_path)
     store = ArtifactStore(lay)

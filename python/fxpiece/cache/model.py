@@ -136,14 +136,17 @@ class ModelCache:
 
     def _write_text(self, path: Path, text: str) -> None:
         """Write ``text`` unless the file already holds it (read safely: the
-        file may be anything; whatever it is, it is replaced atomically)."""
+        file may be anything; whatever it is, it is replaced atomically).
+        Not fsynced: these files are for people (the key never reads them),
+        and a start on a host new to the model writes three of them on its
+        critical path; one a power cut empties is written again next time."""
         data = text.encode()
         try:
             if read_regular(path, len(data)) == data:
                 return
         except OSError:
             pass
-        write_atomic(str(path), data)
+        write_atomic(str(path), data, fsync=False)
 
     def write_graph(self, text: Callable[[], str]) -> None:
         """Write the readable split graph (``text()``, made only when

@@ -59,7 +59,7 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,7 @@ __all__ = [
     "checksum",
     "decode_artifact",
     "encode_artifact",
+    "make_durable",
     "parse_artifact",
     "quarantine",
     "read_header",
@@ -373,6 +374,16 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def make_durable(paths: Iterable[Path]) -> list[str]:
+    """fsync each file, then each folder holding one: what
+    :meth:`ArtifactStore.put` with ``durable=False`` left to do, in one call
+    that releases the GIL once (a thread doing it never convoys with the
+    main one). Never follows a symlink nor opens a FIFO; a file gone since
+    (moved aside, pruned) is skipped. ``"<path>: <reason>"`` for each entry
+    that could not be made durable."""
+    return _native.sync_files([str(p) for p in paths])
+
+
 @dataclass(frozen=True)
 class ArtifactStore:
     """Content-addressed artifacts under ``<root>/artifacts``."""
@@ -526,11 +537,21 @@ class ArtifactStore:
         payload: bytes | bytearray | memoryview,
         *,
         signature: Signature | None = None,
+        durable: bool = True,
     ) -> dict[str, Any]:
         """Store ``payload`` under ``digest`` (``v3``, signed by the ring's
         builder key) unless a valid artifact is already there (then that one
         is kept), and return the handle of what is stored. Written temp +
         fsync + link (never replacing a file).
+
+        ``durable=False``: no fsync of the file nor of its folder; the
+        caller makes it durable later (:func:`make_durable`, off the
+        critical path). A killed process loses nothing either way (the
+        page cache outlives it); a power cut before that may leave the file
+        missing or torn, which its checksum finds on the next read (moved
+        aside with its index entries, so the piece is fetched or compiled
+        again): for copies that can be fetched again, like the remote
+        tier's pulls.
 
         ``signature``: store it with another builder's signature (an
         artifact pulled from the remote tier keeps its signer); it must
@@ -545,11 +566,38 @@ class ArtifactStore:
             signature = self.signer().sign_digest(ARTIFACT_KIND, message)
         else:
             self._check_foreign_signature(digest, payload_sum, message, signature)
+        return self._store(digest, payload, payload_sum, signature, durable=durable)
+
+    def put_decoded(self, art: Artifact, *, durable: bool = True) -> dict[str, Any]:
+        """:meth:`put` an artifact as :func:`decode_artifact` returned it,
+        called with the digest it was fetched under and with
+        ``trusted=self.trusted_keys()``, ``unsigned_ok=False``: its checksum
+        and signature were just checked, so they are not computed again.
+        One not bound to a digest or unsigned is a
+        :class:`~fxpiece.errors.CorruptArtifactError`."""
+        if self.readonly:
+            raise CacheError(errno.EROFS, "the cache is read-only", str(self.root))
+        if art.digest is None or art.signature is None:
+            raise CorruptArtifactError(
+                errno.EINVAL, "an unsigned or unbound artifact is not stored as decoded"
+            )
+        _check_digest(art.digest)
+        return self._store(art.digest, art.payload, art.checksum, art.signature, durable=durable)
+
+    def _store(
+        self,
+        digest: str,
+        payload: bytes | bytearray | memoryview,
+        payload_sum: str,
+        signature: Signature,
+        *,
+        durable: bool,
+    ) -> dict[str, Any]:
         head = _head(digest, payload_sum, len(payload), signature)
         have = self._keep_or_clear(digest)
         if have is not None:
             return have
-        theirs = self._write_new(digest, head, payload)
+        theirs = self._write_new(digest, head, payload, durable=durable)
         return theirs if theirs is not None else self._handle(digest, payload_sum, len(payload))
 
     def _check_foreign_signature(
@@ -568,10 +616,16 @@ class ArtifactStore:
         )
 
     def _write_new(
-        self, digest: str, head: bytes, payload: bytes | bytearray | memoryview
+        self,
+        digest: str,
+        head: bytes,
+        payload: bytes | bytearray | memoryview,
+        *,
+        durable: bool,
     ) -> dict[str, Any] | None:
-        """Temp + fsync + link. ``None`` once written; the handle of a valid
-        artifact another writer linked first (it is kept)."""
+        """Temp + fsync + link (no fsync unless ``durable``). ``None`` once
+        written; the handle of a valid artifact another writer linked first
+        (it is kept)."""
         path = self.layout.artifact_path(digest)
         folder = ensure_private_dir(path.parent)
         tmp = folder / f".tmp-{os.getpid()}-{secrets.token_hex(6)}"
@@ -582,7 +636,8 @@ class ArtifactStore:
                     view = memoryview(part).cast("B")
                     while view:
                         view = view[os.write(fd, view) :]
-                os.fsync(fd)
+                if durable:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             try:
@@ -593,7 +648,8 @@ class ArtifactStore:
                 if theirs is not None:
                     return theirs
                 os.link(tmp, path)  # theirs was corrupt or v1 and is now aside
-            _fsync_dir(folder)
+            if durable:
+                _fsync_dir(folder)
         except OSError as e:
             raise CacheError(
                 e.errno or errno.EIO,

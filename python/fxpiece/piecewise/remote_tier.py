@@ -62,7 +62,13 @@ from fxpiece.cache.layout import CacheLayout
 from fxpiece.cache.lease import Releasable, WaitOutcome
 from fxpiece.cache.model import ModelCache
 from fxpiece.cache.slots import host_slot_base, host_slot_dir
-from fxpiece.cache.store import ARTIFACT_KIND, artifact_message, decode_artifact, encode_artifact
+from fxpiece.cache.store import (
+    ARTIFACT_KIND,
+    artifact_message,
+    decode_artifact,
+    encode_artifact,
+    make_durable,
+)
 from fxpiece.errors import (
     BlobTooLargeError,
     CacheError,
@@ -95,7 +101,7 @@ _POLL_MIN = 0.05
 _POLL_MAX = 0.2
 """Seconds between two looks at the store while another host compiles."""
 _PULLERS = 4
-"""Blobs pulled at once (each is a request, a check and an fsync'd write)."""
+"""Pulled blobs checked and written at once."""
 
 
 def _no_count(name: str) -> None:
@@ -164,6 +170,8 @@ class RemoteTier:
         self._kernels: KernelCache | None = None
         """The resolver's kernel bundles (known from :meth:`before`): what a
         wait pulls is unpacked before the piece loads."""
+        self._syncs: list[threading.Thread] = []
+        """The threads making pulled artifacts durable (see :meth:`_pull_artifacts`)."""
 
     # -- the store failing ----------------------------------------------------
     @property
@@ -425,15 +433,29 @@ class RemoteTier:
             return handles
         except ValueError:
             return handles  # not digests the store can name
-        # Checked and written (fsync) a few at a time: the checks release
-        # the GIL, the writes wait for the disk.
+        # Checked and written a few at a time (the checks release the GIL),
+        # without an fsync each: the start goes on while a thread makes them
+        # durable (a pulled copy that a power cut tears fails its checksum on
+        # the next read and is pulled again).
         order = sorted(blobs)
         with ThreadPoolExecutor(min(_PULLERS, max(1, len(order)))) as pool:
             stored = pool.map(lambda d: self._store_blob(mc, d, blobs[d]), order)
             for d, handle in zip(order, stored, strict=True):
                 if handle is not None:
                     handles[d] = handle
+        self._sync_later([mc.layout.artifact_path(d) for d in order if d in handles])
         return handles
+
+    def _sync_later(self, paths: list[Path]) -> None:
+        """Make ``paths`` durable in a thread (not a daemon: the interpreter
+        waits for it at exit; :meth:`close` too)."""
+        if not paths:
+            return
+        t = threading.Thread(target=_sync, args=(paths,), name="fxpiece-remote-fsync")
+        with self._lock:
+            self._syncs = [s for s in self._syncs if s.is_alive()]
+            self._syncs.append(t)
+        t.start()
 
     def _store_blob(
         self, mc: ModelCache, digest: str, data: bytes | BlobTooLargeError
@@ -452,7 +474,7 @@ class RemoteTier:
             del data
             if art.digest is None:
                 raise CorruptArtifactError(errno.EINVAL, f"{where}: not bound to its digest")
-            handle = mc.artifacts.put(digest, art.payload, signature=art.signature)
+            handle = mc.artifacts.put_decoded(art, durable=False)
         except CorruptArtifactError as e:
             self._refused(e.strerror or str(e))
             return None
@@ -515,9 +537,24 @@ class RemoteTier:
         return True
 
     def close(self) -> None:
-        """Drop the store's connections."""
+        """Wait until the pulled artifacts are durable; drop the store's connections."""
+        with self._lock:
+            syncs, self._syncs = self._syncs, []
+        for t in syncs:
+            t.join()
         with contextlib.suppress(RemoteUnavailableError):
             self.store.close()
+
+
+def _sync(paths: list[Path]) -> None:
+    failed = make_durable(paths)
+    if failed:
+        _log.warning(
+            "fxpiece: %d artifact(s) pulled from the remote cache may not survive a power cut "
+            "(fsync failed: %s); a torn one is moved aside and pulled again when read",
+            len(failed),
+            failed[0],
+        )
 
 
 def _lease_name(digest: str) -> str:

@@ -94,6 +94,23 @@ fn write_atomic(py: Python<'_>, path: &Bound<'_, PyAny>, data: Vec<u8>, fsync: b
     Ok(())
 }
 
+/// fsync each regular file of `paths`, then their folders, with the GIL
+/// released once for the whole batch (no symlink followed, no FIFO
+/// opened; a file gone is skipped). Returns `"<path>: <reason>"` for each
+/// entry that could not be made durable.
+#[pyfunction]
+fn sync_files(py: Python<'_>, paths: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<String>> {
+    let files = paths
+        .iter()
+        .map(|p| fspath(p).map(PathBuf::from))
+        .collect::<PyResult<Vec<_>>>()?;
+    let failed = py.detach(move || fsutil::sync_files(&files));
+    Ok(failed
+        .into_iter()
+        .map(|(p, why)| format!("{}: {why}", p.display()))
+        .collect())
+}
+
 /// Move a bad file (or folder, FIFO, symlink: the entry itself) aside to
 /// `<path>.corrupt-<unix seconds>` (`.corrupt-<secs>.<n>` if taken), never
 /// overwriting an earlier quarantined copy. Returns the new path, or None if
@@ -151,6 +168,7 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checksum, m)?)?;
     m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
     m.add_function(wrap_pyfunction!(quarantine, m)?)?;
+    m.add_function(wrap_pyfunction!(sync_files, m)?)?;
     m.add_function(wrap_pyfunction!(pid_alive, m)?)?;
     m.add_function(wrap_pyfunction!(this_host, m)?)?;
     m.add_function(wrap_pyfunction!(namespace_id, m)?)?;

@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -250,17 +251,40 @@ PEER_COLD = {"fxpiece-noaot": "fxpiece", "eager": None, "eager-op": None}
 BF16_TOL = 0.05
 
 
+@dataclass(frozen=True)
+class PeerModel:
+    """The model a peers section starts: a toy-family Llama
+    (benches/startup_peers.py) or, with ``hf``, the HF ``generate()`` one
+    (benches/hf_peers.py, whose size is its own)."""
+
+    name: str
+    layers: int = 0
+    hidden: int = 0
+    hf: bool = False
+
+    def command(self, peer: str, phase: str, work: Path) -> list[str]:
+        worker = HF_WORKER if self.hf else PEERS_WORKER
+        cmd = [sys.executable, str(worker), peer, phase, "--work", str(work)]
+        if not self.hf:
+            cmd += ["--layers", str(self.layers), "--hidden", str(self.hidden)]
+        return cmd
+
+    def describe(self) -> str:
+        if self.hf:
+            return (
+                f"HF LlamaForCausalLM 2 layers, hidden 64, fp32, generate() "
+                f"{hf_peers.PROMPT} + {hf_peers.NEW_TOKENS} tokens"
+            )
+        return f"Llama {self.layers} layers, hidden {self.hidden}, bfloat16, 24 tokens"
+
+
 def peer_start(
-    peer: str, phase: str, work: Path, inductor_dir: Path, layers: int, hidden: int
+    peer: str, phase: str, work: Path, inductor_dir: Path, model: PeerModel
 ) -> dict[str, Any]:
-    """One fresh process of benches/startup_peers.py (``layers`` 0: of
-    benches/hf_peers.py, the HF ``generate()`` model); its JSON line, or
+    """One fresh process of ``model``'s worker; its JSON line, or
     ``{"skip": reason}`` when it failed (its stderr is kept in a log)."""
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(inductor_dir))
-    worker = HF_WORKER if layers == 0 else PEERS_WORKER
-    cmd = [sys.executable, str(worker), peer, phase, "--work", str(work)]
-    if layers:
-        cmd += ["--layers", str(layers), "--hidden", str(hidden)]
+    cmd = model.command(peer, phase, work)
     logs = work / "logs"
     logs.mkdir(exist_ok=True)
     log = logs / f"{peer}-{phase}-{len(list(logs.iterdir()))}.log"
@@ -286,8 +310,7 @@ def _cold_steps(
     peers: list[str],
     work: Path,
     warm_dir: dict[str, Path],
-    layers: int,
-    hidden: int,
+    model: PeerModel,
     skipped: dict[str, str],
 ) -> tuple[dict[str, str], list[str]]:
     """The cold / prepare step of each peer that has its own (Inductor's folder:
@@ -309,7 +332,7 @@ def _cold_steps(
             print(f"  {PEER_LABELS[p]:<44} uses {src}'s cold step")
             continue
         warm_dir[p].mkdir(parents=True, exist_ok=True)
-        r = peer_start(p, "cold", work, warm_dir[p], layers, hidden)
+        r = peer_start(p, "cold", work, warm_dir[p], model)
         if "skip" in r:
             skipped[p] = r["skip"]
             print(f"  {PEER_LABELS[p]:<44} SKIP: {r['skip']}")
@@ -334,8 +357,7 @@ def _warm_rounds(
     starts: int,
     work: Path,
     warm_dir: dict[str, Path],
-    layers: int,
-    hidden: int,
+    model: PeerModel,
     skipped: dict[str, str],
 ) -> tuple[PeerRuns, dict[str, str]]:
     """``starts`` rounds of one warm start of every peer not skipped in each of
@@ -354,7 +376,7 @@ def _warm_rounds(
                 else:  # a fresh empty folder for each start
                     ind = work / "inductor-empty" / f"{p}-{i}"
                     ind.mkdir(parents=True)
-                r = peer_start(p, "warm", work, ind, layers, hidden)
+                r = peer_start(p, "warm", work, ind, model)
                 if folder == "empty":
                     shutil.rmtree(ind, ignore_errors=True)
                 if "skip" in r:
@@ -366,7 +388,7 @@ def _warm_rounds(
 
 
 def _folder_medians(
-    peers: list[str], folder: str, runs: PeerRuns, skipped: dict[str, str], layers: int
+    peers: list[str], folder: str, runs: PeerRuns, skipped: dict[str, str], model: PeerModel
 ) -> tuple[dict[str, dict[str, float]], list[str]]:
     """Each started peer's medians over its warm starts in ``folder`` (and,
     for fxpiece's, its compiles); the outputs out of tolerance and the eager
@@ -387,7 +409,8 @@ def _folder_medians(
         ]
         if p == "eager" and any(r["fxpiece_imported"] for r in rs):
             wrong.append("eager (the floor) imported fxpiece")
-        if p == "eager" and layers and any(r["dynamo_imported"] for r in rs):
+        # (transformers imports Dynamo itself: only the toy floor is checked)
+        if p == "eager" and not model.hf and any(r["dynamo_imported"] for r in rs):
             wrong.append("eager (the floor) imported torch._dynamo or fxpiece")
         if p.startswith("fxpiece"):
             med[p]["compiles"] = max(r["inductor_compiles"] for r in rs)
@@ -428,12 +451,12 @@ def _print_folder_table(folder: str, starts: int, med: dict[str, dict[str, float
             )
 
 
-def _print_peer_targets(med: dict[str, dict[str, float]], layers: int) -> None:
+def _print_peer_targets(med: dict[str, dict[str, float]], model: PeerModel) -> None:
     """One folder's target lines: fxpiece vs the best torch path that can serve
     ``generate()`` (HF model), vs AOTInductor, and vs eager's whole process."""
     fx = med.get("fxpiece")
     aoti, eager = med.get("aoti"), med.get("eager")
-    if fx and layers == 0:
+    if fx and model.hf:
         best = min((m["both"], p) for p, m in med.items() if p in ("stock", "megacache"))
         q = fx["both"] / best[0]
         print(
@@ -456,36 +479,33 @@ def _print_peer_targets(med: dict[str, dict[str, float]], layers: int) -> None:
         )
 
 
-def bench_peers(name: str, layers: int, hidden: int, a: argparse.Namespace) -> None:
+def bench_peers(model: PeerModel, a: argparse.Namespace) -> None:
     starts = a.starts or 3
     peers = [p for p in PEER_LABELS if a.peers is None or p in a.peers]
-    work = Path(tempfile.mkdtemp(prefix=f"fxpiece-bench-peers-{name}-"))
-    what = (
-        f"HF LlamaForCausalLM 2 layers, hidden 64, fp32, generate() {hf_peers.PROMPT} + "
-        f"{hf_peers.NEW_TOKENS} tokens"
-        if layers == 0
-        else f"Llama {layers} layers, hidden {hidden}, bfloat16, 24 tokens"
+    work = Path(tempfile.mkdtemp(prefix=f"fxpiece-bench-peers-{model.name}-"))
+    print(
+        f"\n== peers, {model.name}: {model.describe()}; fresh processes; work folder {work}",
+        flush=True,
     )
-    print(f"\n== peers, {name}: {what}; fresh processes; work folder {work}", flush=True)
     warm_dir = {p: work / "inductor" / p for p in peers}
     # The peers that cannot serve generate() are not started (the reason is printed).
-    skipped = {p: why for p, why in hf_peers.UNSERVED.items() if layers == 0 and p in peers}
-    skipped, wrong = _cold_steps(peers, work, warm_dir, layers, hidden, skipped)
+    skipped = {p: why for p, why in hf_peers.UNSERVED.items() if model.hf and p in peers}
+    skipped, wrong = _cold_steps(peers, work, warm_dir, model, skipped)
     folders = [f for f in ("warm", "empty") if f in a.folders]
-    runs, skipped = _warm_rounds(peers, folders, starts, work, warm_dir, layers, hidden, skipped)
+    runs, skipped = _warm_rounds(peers, folders, starts, work, warm_dir, model, skipped)
     raw = work / "peers.json"
     raw.write_text(json.dumps({f"{p} {f}": rs for (p, f), rs in runs.items()}, indent=1))
     print(f"every start's figures: {raw}")
     for p, why in skipped.items():
         print(f"SKIP {PEER_LABELS[p]}: {why}")
     for folder in folders:
-        med, folder_wrong = _folder_medians(peers, folder, runs, skipped, layers)
+        med, folder_wrong = _folder_medians(peers, folder, runs, skipped, model)
         wrong += folder_wrong
         _print_folder_table(folder, starts, med)
-        _print_peer_targets(med, layers)
+        _print_peer_targets(med, model)
     if wrong:
         raise SystemExit("PEER OUTPUTS WRONG (vs eager, BF16 tolerance):\n  " + "\n  ".join(wrong))
-    if layers == 0:
+    if model.hf:
         print("outputs: every peer's generate() tokens equal eager's")
     else:
         print(f"outputs: every peer equals eager within BF16 tolerance ({BF16_TOL} x max |out|)")
@@ -531,9 +551,9 @@ def main() -> None:
     a.starts = starts
     for name, section in (("toy", "peers"), ("large", "peers-large")):
         if a.only == section or (a.only is None and section == "peers"):
-            bench_peers(name, MODELS[name]["layers"], MODELS[name]["hidden"], a)
+            bench_peers(PeerModel(name, MODELS[name]["layers"], MODELS[name]["hidden"]), a)
     if a.only == "peers-hf":
-        bench_peers("hf", 0, 0, a)
+        bench_peers(PeerModel("hf", hf=True), a)
 
 
 if __name__ == "__main__":

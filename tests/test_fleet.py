@@ -10,6 +10,7 @@ it pushed."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shlex
 import shutil
@@ -28,6 +29,8 @@ from programs.redis_server import RedisServer
 from programs.report import RESULT_MARK
 from programs.run import TESTS_DIR, program_argv, program_env
 
+from fxpiece.cache.entries import Entry, handle_artifact
+from fxpiece.cache.index import CacheIndex
 from fxpiece.cache.store import encode_artifact
 from fxpiece.signing import BuilderKey, new_key
 
@@ -266,6 +269,46 @@ def test_a_full_redis_is_one_warning_and_a_local_cache(fleet: Fleet, tmp_path: P
     assert len(down) == 1 and "full" in down[0], c["warnings"]
     assert again["diff"].get("num_inductor_compiles", 0) == 0, again["diff"]
     same_outputs(again, fleet.cold)
+
+
+def _tear_pulled_pieces(root: Path) -> int:
+    """Cut every piece artifact under ``root`` to half its length, as a
+    power cut can leave a copy that was never fsynced (the pulled ones are
+    fsynced after the start has used them); the number torn."""
+    torn = 0
+    for index in root.glob("models/*/*/index"):
+        if index.parent.name.endswith(".aot"):
+            continue  # the ahead-of-time entry stays: the pieces are the point
+        for raw_key, value in CacheIndex(str(index)).entries():
+            entry = Entry.from_raw(value)
+            rel = None if entry is None else handle_artifact(entry.handle)
+            if "piece:" not in str(raw_key[-1]) or rel is None:
+                continue
+            path = root / rel
+            data = path.read_bytes()
+            os.truncate(path, len(data) // 2)
+            torn += 1
+    return torn
+
+
+@pytest.mark.slow
+def test_a_torn_pulled_copy_is_moved_aside_and_pulled_again(fleet: Fleet) -> None:
+    """Host C pulls everything into an empty root; its pulled piece copies are
+    then torn (a power cut before their deferred fsync): its next start
+    finds each by its checksum, moves it aside and pulls it again: no
+    compile, the same outputs."""
+    trusted = fleet.trusted("a", "c")
+    c = fleet.run("c", 1, trusted=trusted, home="c-torn")
+    assert c["diff"].get("num_inductor_compiles", 0) == 0, c["diff"]
+    assert _tear_pulled_pieces(fleet.base / "c-torn" / "root") >= UNIQUE_PIECES
+    again = fleet.run("c", 1, trusted=trusted, home="c-torn")
+    assert again["diff"].get("num_inductor_compiles", 0) == 0, again["diff"]
+    assert again["diff"]["num_corrupt_artifacts"] >= UNIQUE_PIECES, again["diff"]
+    assert again["diff"]["num_remote_hits"] >= UNIQUE_PIECES, again["diff"]
+    assert again["loaded"] == UNIQUE_PIECES
+    same_outputs(again, fleet.cold)
+    aside = list((fleet.base / "c-torn" / "root" / "artifacts").glob("*/*.corrupt-*"))
+    assert len(aside) >= UNIQUE_PIECES, aside
 
 
 @pytest.mark.slow
